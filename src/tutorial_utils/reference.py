@@ -1,0 +1,354 @@
+"""Pure-JAX reference attention with TransformerEngine's ``fused_attn`` semantics.
+
+Why: TE's fused kernels need CUDA, but the tutorial must run (and be checked) anywhere.
+This module defines the maths once, for packed ``[batch, seq, heads, dim]`` inputs
+described per token by a segment id (0 = padding) and a position inside the segment:
+
+* key ``j`` is visible to query ``i`` iff (padding masks) ``id_q[i] == id_kv[j] != 0``,
+  (causal) ``pos_kv[j] <= pos_q[i]``, and (window ``(left, right)``, inclusive, ``-1`` =
+  unbounded) ``pos_q[i] - left <= pos_kv[j] <= pos_q[i] + right``;
+* logits ``scale * q.k`` in fp32, softmax over visible keys (plus a sink logit for the
+  off-by-one / learnable softmax), output cast to the query dtype;
+* GQA: query head ``h`` reads KV head ``h // (Hq / Hkv)``;
+* a query row with no visible key (e.g. padding) outputs exactly 0 and gets exactly 0
+  gradient; its log-sum-exp is ``LSE_EMPTY`` so that CP merges give it zero weight.
+
+Two implementations: :func:`dense_attention` reads like the formula (O(S^2) memory) and is
+what the tests compare against an independent oracle; :func:`blockwise_attention` is
+flash-style (online softmax over KV blocks, with a hand-written backward that recomputes
+probabilities) and *skips* blocks the mask empties, so sliding-window cost grows with the
+window, not with ``seq**2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .validation import check_gqa_heads, check_window
+
+__all__ = ["MaskSpec", "LSE_EMPTY", "visibility", "dense_attention", "blockwise_attention", "bottom_right_positions"]
+
+#: log-sum-exp of a row that sees no key. Finite (unlike -inf) so that CP merges never
+#: produce NaN; ``exp(LSE_EMPTY - x) == 0`` for any real ``x``. TE uses -5.965e29.
+LSE_EMPTY = -1.0e30
+_BIG = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """Static description of the mask: which rules apply and the window."""
+
+    padding: bool = True
+    causal: bool = True
+    window: Tuple[int, int] = (-1, -1)
+
+    def __post_init__(self):
+        object.__setattr__(self, "window", check_window(self.window))
+
+
+def visibility(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec):
+    """``[b, sq, skv]`` boolean: may query i attend key j (see module docstring)."""
+    iq, ik = ids_q[:, :, None], ids_kv[:, None, :]
+    pq, pk = pos_q[:, :, None], pos_kv[:, None, :]
+    vis = (iq >= 0) & (ik >= 0)  # negative ids mark block padding added internally
+    if spec.padding:
+        vis = vis & (iq == ik) & (iq > 0)
+    left, right = spec.window
+    if spec.causal:
+        vis = vis & (pk <= pq)
+    if right >= 0:
+        vis = vis & (pk <= pq + right)
+    if left >= 0:
+        vis = vis & (pk >= pq - left)
+    return vis
+
+
+def bottom_right_positions(ids_q, ids_kv, pos_q, max_segments: int):
+    """Query positions shifted so causal/window masks align bottom-right per segment.
+
+    TE's ``*_BOTTOM_RIGHT`` masks allow ``pos_kv <= pos_q + (len_kv - len_q)`` where the
+    lengths are those of the segment's query and key runs.
+    """
+    def counts(ids):
+        return jax.vmap(lambda row: jnp.bincount(jnp.clip(row, 0, max_segments), length=max_segments + 1))(ids)
+
+    shift = counts(ids_kv) - counts(ids_q)  # [b, M+1]
+    return pos_q + jnp.take_along_axis(shift, jnp.clip(ids_q, 0, max_segments), axis=1)
+
+
+def _split_gqa(x, hkv):
+    b, s, h, d = x.shape
+    return x.reshape(b, s, hkv, h // hkv, d)
+
+
+def _finalize(m, l, acc):
+    has = l > 0
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l, 1.0)), LSE_EMPTY)
+    out = jnp.where(has[..., None], acc / jnp.where(has, l, 1.0)[..., None], 0.0)
+    return out, lse
+
+
+def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
+                    sink=None, bias=None):
+    """Reference attention that materialises the full mask. Returns ``(out, lse)``.
+
+    ``out`` is ``[b, sq, hq, dv]`` in ``q.dtype``; ``lse`` is ``[b, hq, sq]`` float32.
+    ``sink`` (``[hq]`` float32) adds ``exp(sink)`` to every softmax denominator
+    (off-by-one: zeros; learnable: a parameter). ``bias`` is added to the scaled logits,
+    broadcastable to ``[b, hq, sq, skv]``.
+    """
+    b, sq, hq, _ = q.shape
+    hkv = k.shape[2]
+    check_gqa_heads(hq, hkv)
+    g = hq // hkv
+    qf = _split_gqa(q.astype(jnp.float32), hkv)
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(jnp.float32)) * scale
+    if bias is not None:
+        s = s + jnp.broadcast_to(bias.astype(jnp.float32), (b, hq) + s.shape[-2:]).reshape(s.shape)
+    vis = visibility(ids_q, ids_kv, pos_q, pos_kv, spec)[:, None, None]
+    s = jnp.where(vis, s, -jnp.inf)
+    m = lax.stop_gradient(jnp.max(s, axis=-1))
+    if sink is not None:
+        sink_b = jnp.broadcast_to(sink.astype(jnp.float32).reshape(1, hkv, g, 1), m.shape)
+        m = jnp.maximum(m, lax.stop_gradient(sink_b))
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m_safe[..., None])
+    l = jnp.sum(p, axis=-1)
+    if sink is not None:
+        l = l + jnp.exp(sink_b - m_safe)
+    acc = jnp.einsum("bhgqk,bkhd->bhgqd", p, v.astype(jnp.float32))
+    out, lse = _finalize(m, l, acc)
+    row_has_key = jnp.any(vis, axis=-1)  # [b,1,1,sq]
+    out = jnp.where(row_has_key[..., None], out, 0.0)
+    lse = jnp.where(row_has_key, lse, LSE_EMPTY)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, -1).astype(q.dtype)
+    return out, lse.reshape(b, hq, sq)
+
+
+# ----------------------------------------------------------------------------- blockwise
+
+
+def _pad_seq(x, target, value):
+    pad = target - x.shape[1]
+    if pad == 0:
+        return x
+    widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _block_stats(ids, pos, nblocks, block, padding):
+    b = ids.shape[0]
+    ids_r = ids.reshape(b, nblocks, block)
+    pos_r = pos.reshape(b, nblocks, block)
+    real = ids_r > 0 if padding else ids_r >= 0
+    axes = (0, 2)
+    return (
+        jnp.any(real, axis=axes),
+        jnp.min(jnp.where(real, ids_r, _BIG), axis=axes),
+        jnp.max(jnp.where(real, ids_r, -_BIG), axis=axes),
+        jnp.min(jnp.where(real, pos_r, _BIG), axis=axes),
+        jnp.max(jnp.where(real, pos_r, -_BIG), axis=axes),
+    )
+
+
+def block_needed(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec, block_q: int, block_kv: int):
+    """``[nq, nk]`` bool: can any (query, key) pair in this block pair be visible? Conservative."""
+    nq, nk = ids_q.shape[1] // block_q, ids_kv.shape[1] // block_kv
+    qa, qimin, qimax, qpmin, qpmax = _block_stats(ids_q, pos_q, nq, block_q, spec.padding)
+    ka, kimin, kimax, kpmin, kpmax = _block_stats(ids_kv, pos_kv, nk, block_kv, spec.padding)
+    need = qa[:, None] & ka[None, :]
+    if spec.padding:
+        need &= (qimin[:, None] <= kimax[None, :]) & (kimin[None, :] <= qimax[:, None])
+    left, right = spec.window
+    if spec.causal:
+        need &= kpmin[None, :] <= qpmax[:, None]
+    if right >= 0:
+        need &= kpmin[None, :] <= qpmax[:, None] + right
+    if left >= 0:
+        need &= kpmax[None, :] >= qpmin[:, None] - left
+    return need
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
+    out, lse, mx, _ = _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need)
+    return out, lse, mx
+
+
+def _blocks(x, nb, block):
+    return x.reshape((x.shape[0], nb, block) + x.shape[2:])
+
+
+def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
+    spec, scale, bq, bk, use_sink = cfg
+    b, sq, hkv, g, d = q.shape
+    dv = v.shape[-1]
+    nq, nk = sq // bq, k.shape[1] // bk
+    kb, vb = _blocks(k, nk, bk), _blocks(v, nk, bk)
+    ikb, pkb = _blocks(ids_kv, nk, bk), _blocks(pos_kv, nk, bk)
+
+    def q_block(i):
+        qi = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=1).astype(jnp.float32)
+        iq = lax.dynamic_slice_in_dim(ids_q, i * bq, bq, axis=1)
+        pq = lax.dynamic_slice_in_dim(pos_q, i * bq, bq, axis=1)
+        shape = (b, hkv, g, bq)
+        if use_sink:
+            m0 = jnp.broadcast_to(sink.reshape(1, hkv, g, 1), shape).astype(jnp.float32)
+            l0 = jnp.ones(shape, jnp.float32)
+        else:
+            m0 = jnp.full(shape, -jnp.inf, jnp.float32)
+            l0 = jnp.zeros(shape, jnp.float32)
+        carry0 = (m0, l0, jnp.zeros(shape + (dv,), jnp.float32), jnp.full(shape, -jnp.inf, jnp.float32))
+
+        def kv_step(j, carry):
+            def compute(carry):
+                m, l, acc, mx = carry
+                s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kb[:, j].astype(jnp.float32)) * scale
+                vis = visibility(iq, ikb[:, j], pq, pkb[:, j], spec)[:, None, None]
+                s = jnp.where(vis, s, -jnp.inf)
+                s_max = jnp.max(s, axis=-1)
+                m_new = jnp.maximum(m, s_max)
+                m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                alpha = jnp.exp(m - m_safe)
+                p = jnp.exp(s - m_safe[..., None])
+                l = l * alpha + jnp.sum(p, axis=-1)
+                acc = acc * alpha[..., None] + jnp.einsum("bhgqk,bkhd->bhgqd", p, vb[:, j].astype(jnp.float32))
+                return m_new, l, acc, jnp.maximum(mx, s_max)
+
+            return lax.cond(need[i, j], compute, lambda c: c, carry)
+
+        m, l, acc, mx = lax.fori_loop(0, nk, kv_step, carry0)
+        out, lse = _finalize(m, l, acc)
+        row_real = (iq > 0) if spec.padding else (iq >= 0)
+        has_key = jnp.isfinite(mx) & row_real[:, None, None, :]
+        out = jnp.where(has_key[..., None], out, 0.0)
+        lse = jnp.where(has_key, lse, LSE_EMPTY)
+        return out, lse, mx
+
+    outs, lses, mxs = lax.map(q_block, jnp.arange(nq))
+    # [nq, b, hkv, g, bq, ...] -> [b, sq, hkv, g, ...]
+    out = outs.transpose(1, 0, 4, 2, 3, 5).reshape(b, sq, hkv, g, dv)
+    lse = lses.transpose(1, 2, 3, 0, 4).reshape(b, hkv, g, sq)
+    mx = mxs.transpose(1, 2, 3, 0, 4).reshape(b, hkv, g, sq)
+    return out.astype(q.dtype), lse, mx, out
+
+
+def _flash_fwd(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
+    out, lse, mx, out_f32 = _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need)
+    return (out, lse, mx), (q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need, out_f32, lse)
+
+
+def _flash_bwd(cfg, res, cts):
+    spec, scale, bq, bk, use_sink = cfg
+    q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need, out, lse = res
+    g_out, g_lse, _ = cts
+    b, sq, hkv, g, d = q.shape
+    skv = k.shape[1]
+    nq, nk = sq // bq, skv // bk
+    g_out = g_out.astype(jnp.float32)
+    g_lse = jnp.zeros_like(lse) if g_lse is None else g_lse.astype(jnp.float32)
+    # D_i = dO_i . O_i  (rowsum), [b, hkv, g, sq]
+    delta = jnp.einsum("bqhgd,bqhgd->bhgq", g_out, out)
+    dterm = g_lse - delta  # ds = p * (dp + dterm)
+
+    def tile(i, j):
+        qi = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=1).astype(jnp.float32)
+        kj = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=1).astype(jnp.float32)
+        vj = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1).astype(jnp.float32)
+        doi = lax.dynamic_slice_in_dim(g_out, i * bq, bq, axis=1)
+        lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
+        dt_i = lax.dynamic_slice_in_dim(dterm, i * bq, bq, axis=3)
+        iq = lax.dynamic_slice_in_dim(ids_q, i * bq, bq, axis=1)
+        pq = lax.dynamic_slice_in_dim(pos_q, i * bq, bq, axis=1)
+        ik = lax.dynamic_slice_in_dim(ids_kv, j * bk, bk, axis=1)
+        pk = lax.dynamic_slice_in_dim(pos_kv, j * bk, bk, axis=1)
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj) * scale
+        vis = visibility(iq, ik, pq, pk, spec)[:, None, None]
+        p = jnp.where(vis, jnp.exp(jnp.where(vis, s, 0.0) - lse_i[..., None]), 0.0)
+        dp = jnp.einsum("bqhgd,bkhd->bhgqk", doi, vj)
+        ds = p * (dp + dt_i[..., None])
+        return qi, kj, doi, p, ds
+
+    def dq_block(i):
+        def step(j, acc):
+            def compute(acc):
+                _, kj, _, _, ds = tile(i, j)
+                return acc + scale * jnp.einsum("bhgqk,bkhd->bqhgd", ds, kj)
+
+            return lax.cond(need[i, j], compute, lambda a: a, acc)
+
+        return lax.fori_loop(0, nk, step, jnp.zeros((b, bq, hkv, g, d), jnp.float32))
+
+    def dkv_block(j):
+        def step(i, acc):
+            def compute(acc):
+                dk, dv = acc
+                qi, _, doi, p, ds = tile(i, j)
+                dv = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p, doi)
+                dk = dk + scale * jnp.einsum("bhgqk,bqhgd->bkhd", ds, qi)
+                return dk, dv
+
+            return lax.cond(need[i, j], compute, lambda a: a, acc)
+
+        zeros = (jnp.zeros((b, bk, hkv, d), jnp.float32), jnp.zeros((b, bk, hkv, v.shape[-1]), jnp.float32))
+        return lax.fori_loop(0, nq, step, zeros)
+
+    dq = lax.map(dq_block, jnp.arange(nq)).transpose(1, 0, 2, 3, 4, 5).reshape(q.shape)
+    dk, dv = lax.map(dkv_block, jnp.arange(nk))
+    dk = dk.transpose(1, 0, 2, 3, 4).reshape(k.shape)
+    dv = dv.transpose(1, 0, 2, 3, 4).reshape(v.shape)
+    if use_sink:
+        alive = lse > LSE_EMPTY / 2
+        p_sink = jnp.where(alive, jnp.exp(jnp.where(alive, sink.reshape(1, hkv, g, 1) - lse, 0.0)), 0.0)
+        dsink = jnp.sum(p_sink * dterm, axis=(0, 3)).reshape(sink.shape).astype(sink.dtype)
+    else:
+        dsink = jnp.zeros_like(sink)
+    none_int = [None] * 5
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dsink, *none_int)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _round_block(block: int, length: int) -> int:
+    return max(1, min(block, length))
+
+
+def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
+                        sink=None, block_q: int = 128, block_kv: int = 128, return_max_logit: bool = False):
+    """Flash-style reference attention; same arguments and results as :func:`dense_attention`.
+
+    Blocks whose (segment, position) ranges cannot meet under the mask are skipped in the
+    forward and in both backward passes. With ``return_max_logit`` also returns the per-row
+    maximum visible logit ``[b, hq, sq]`` (not differentiated).
+    """
+    for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
+        if not isinstance(blk, int) or blk < 1:
+            raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
+    b, sq, hq, d = q.shape
+    skv, hkv = k.shape[1], k.shape[2]
+    check_gqa_heads(hq, hkv)
+    g = hq // hkv
+    bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
+    sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
+    qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)
+    kp, vp = _pad_seq(k, skv_p, 0), _pad_seq(v, skv_p, 0)
+    iq, ik = _pad_seq(ids_q.astype(jnp.int32), sq_p, -1), _pad_seq(ids_kv.astype(jnp.int32), skv_p, -1)
+    pq, pk = _pad_seq(pos_q.astype(jnp.int32), sq_p, 0), _pad_seq(pos_kv.astype(jnp.int32), skv_p, 0)
+    need = lax.stop_gradient(block_needed(iq, ik, pq, pk, spec, bq, bk))
+    use_sink = sink is not None
+    sink_arr = (jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq))
+    cfg = (spec, float(scale), bq, bk, use_sink)
+    out, lse, mx = _flash(cfg, qp, kp, vp, sink_arr, iq, ik, pq, pk, need)
+    out = out[:, :sq].reshape(b, sq, hq, -1)
+    lse = lse[..., :sq].reshape(b, hq, sq)
+    if return_max_logit:
+        return out, lse, lax.stop_gradient(mx[..., :sq].reshape(b, hq, sq))
+    return out, lse
