@@ -1,0 +1,219 @@
+"""Sphinx configuration for the "Context-parallel attention in JAX" site.
+
+The source directory is the repository root: the landing page is ``index.md`` here, the
+narrative pages live in ``docs/`` and the chapters are the jupytext MyST notebooks in
+``notebooks/``. ``make docs`` runs ``python -m sphinx -b html -W --keep-going . _build/html``.
+
+Notebooks are executed by myst-nb in ``cache`` mode: jupyter-cache (in
+``_build/.jupyter_cache``) re-runs a notebook only when its code cells change, so a clean
+build executes every chapter and an unchanged rebuild re-executes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+SRC = ROOT / "src"
+PACKAGE = SRC / "tutorial_utils"
+
+# -- Environment shared with the notebook kernels ---------------------------------------------
+# Kernels are started by the Sphinx process and inherit its environment, so what we set here
+# is what every executed notebook sees. XLA reads the device-count flag only when JAX starts,
+# which is why it goes into the environment rather than into the notebooks' first cells.
+
+
+def _gpu_present() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+if not _gpu_present():
+    # Four simulated CPU devices: enough for a cp=4 mesh on a laptop.
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The package is installed editable, but make ``src/`` importable for autodoc and for the
+# kernels even when it is not (e.g. a plain checkout with only the docs dependencies).
+sys.path.insert(0, str(SRC))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
+)
+
+# -- Project -------------------------------------------------------------------------------------
+project = "Context-parallel attention in JAX"
+html_title = project
+author = "cp-attention-tutorial contributors"
+copyright = "cp-attention-tutorial contributors"
+release = "0.1.0"
+
+root_doc = "index"  # index.md at the repository root -> _build/html/index.html
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx_copybutton",
+    "sphinx_design",
+]
+
+# Only these files are documents; everything else in the repository is not part of the site.
+include_patterns = ["index.md", "docs/*.md", "docs/**/*.md", "notebooks/*.md"]
+exclude_patterns = [
+    ".venv",
+    "_build",
+    "README.md",
+    "tests",
+    "benchmarks",
+    "results",
+    "src",
+    "test-artifacts",
+    "**/.ipynb_checkpoints",
+    "**/jupyter_execute",
+]
+templates_path: list[str] = []
+
+# -- MyST ----------------------------------------------------------------------------------------
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# -- MyST-NB execution ---------------------------------------------------------------------------
+nb_execution_mode = "cache"
+nb_execution_cache_path = str(ROOT / "_build" / ".jupyter_cache")
+nb_execution_raise_on_error = True
+nb_execution_allow_errors = False
+nb_execution_timeout = 600
+nb_execution_show_tb = True
+nb_merge_streams = True
+# Markdown emitted by cells (e.g. IPython.display.Markdown tables) is parsed as MyST.
+nb_render_markdown_format = "myst"
+
+# -- Autodoc -------------------------------------------------------------------------------------
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = True
+
+# The API page lists modules in this order; any other public module found in the package is
+# appended alphabetically, and a listed module that does not exist yet is simply skipped.
+API_MODULE_ORDER = [
+    "workload",
+    "inputs",
+    "reorder",
+    "validation",
+    "runtime",
+    "reference",
+    "context_parallel",
+    "te",
+    "te.attention",
+    "te.sharding",
+    "records",
+    "workcount",
+    "comm",
+    "hardware",
+    "costmodel",
+    "bench",
+    "check",
+    "launch",
+]
+API_MARKER = "<!-- api-modules -->"
+
+
+def _module_name(path: Path) -> str | None:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if not parts or parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def api_modules() -> list[str]:
+    """Public modules of ``tutorial_utils`` present on disk, in reading order.
+
+    A sub-package such as ``te/`` contributes its sub-modules, not its ``__init__``
+    (whose re-exports would duplicate the sub-modules' descriptions).
+    """
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name is None:
+            continue
+        if path.name == "__init__.py":
+            continue  # a sub-package: documented through its modules
+        found.add(name)
+    ordered = [m for m in API_MODULE_ORDER if m in found]
+    ordered += sorted(found - set(ordered))
+    return ordered
+
+
+def _api_source(app, docname, source):
+    """Expand the marker in docs/api.md into one automodule section per present module."""
+    if docname != "docs/api" or API_MARKER not in source[0]:
+        return
+    sections = []
+    for mod in api_modules():
+        full = f"tutorial_utils.{mod}"
+        # autodoc emits reStructuredText, so the directive must run inside eval-rst.
+        sections.append(f"## `{full}`\n\n```{{eval-rst}}\n.. automodule:: {full}\n```\n")
+    source[0] = source[0].replace(API_MARKER, "\n".join(sections))
+
+
+def _fingerprints() -> dict:
+    """What each generated page depends on beyond its own source file.
+
+    autodoc already re-reads the API page when a documented module changes; this adds the
+    set of modules (a new module must appear), and for the benchmarks page every record in
+    results/ (a force-executed notebook: re-reading it re-runs it).
+    """
+    records = sorted(
+        (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in (ROOT / "results").glob("*.json")
+    )
+    return {"docs/api": api_modules(), "docs/benchmarks": records}
+
+
+def _env_get_outdated(app, env, added, changed, removed):
+    old = getattr(env, "cp_tutorial_fingerprints", {})
+    new = _fingerprints()
+    env.cp_tutorial_fingerprints = new
+    return [doc for doc, value in new.items() if old.get(doc) != value and doc in env.found_docs]
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+html_theme = "sphinx_book_theme"
+html_theme_options = {
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "home_page_in_toc": True,
+    "use_download_button": True,
+    "use_fullscreen_button": False,
+    "use_repository_button": False,
+}
+html_static_path: list[str] = []
+# The theme's script rejects an empty mode on a first visit (a console error); start in light
+# mode so notebook figures (white backgrounds) read well. Readers can still switch.
+html_context = {"default_mode": "light"}
+
+# sphinx-copybutton: do not copy prompts or output markers.
+copybutton_prompt_text = r">>> |\.\.\. |\$ |In \[\d*\]: | {2,5}\.\.\.: | {5,8}: "
+copybutton_prompt_is_regexp = True
+
+
+def setup(app):
+    app.connect("source-read", _api_source)
+    app.connect("env-get-outdated", _env_get_outdated)
