@@ -1,0 +1,397 @@
+"""Build the documentation site exactly as ``make docs`` does, then check it in a real browser.
+
+The session fixtures:
+
+1. delete ``_build/`` (site *and* notebook cache) and build, executing every notebook;
+2. build again without changes and record both durations in ``test-artifacts/build-times.json``;
+3. serve ``_build/html`` on 127.0.0.1 (a free port, in a thread);
+4. load every page in headless Chromium (the system browser, driven by Playwright).
+
+Every page must load without console errors, uncaught exceptions, failed requests or broken
+images. Every same-site link must point to a file that exists, and to an element id that
+exists when the link has a fragment. Every chapter must print its ``Backend:`` line and show
+at least one figure.
+
+Requests to other hosts are never sent. They are answered with an empty body and listed in
+``test-artifacts/external-requests.json``. Only the hosts in ``EXTERNAL_HOSTS_ALLOWED``
+(MathJax's CDN) may appear; any other host fails the test, so a new one cannot slip in unseen.
+
+Set ``CP_SITE_TEST_REUSE_BUILD=1`` to skip the clean build while iterating on the checks.
+The clean-build time is then recorded as ``null``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "_build"
+HTML = BUILD / "html"
+ARTIFACTS = ROOT / "test-artifacts"
+
+# The same command as the Makefile's `docs` target, run from the repository root.
+SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build/html"]
+BUILD_TIMEOUT_S = 900
+UNCHANGED_REBUILD_LIMIT_S = 15.0
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Sphinx's default MathJax URL; the request is answered locally with an empty script.
+EXTERNAL_HOSTS_ALLOWED = {"cdn.jsdelivr.net"}
+# Generated pages that are not content pages.
+SKIP_PAGES = {"search.html", "genindex.html", "py-modindex.html"}
+
+CHAPTERS = [
+    "notebooks/01_packed_thd_inputs",
+    "notebooks/02_cp_mesh",
+    "notebooks/03_fused_attention_call",
+    "notebooks/04_striped_load_balancing",
+    "notebooks/05_ring_vs_allgather",
+    "notebooks/06_when_does_cp_pay_off",
+]
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _run_sphinx(log_name: str) -> float:
+    ARTIFACTS.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, *SPHINX_ARGS],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout or ""
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        pytest.fail(f"site build ({log_name}) exceeded {BUILD_TIMEOUT_S} s; last output:\n{out[-4000:]}")
+    elapsed = time.perf_counter() - start
+    log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
+    (ARTIFACTS / f"{log_name}.log").write_text(log)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"site build ({log_name}) failed with exit code {proc.returncode}: "
+            f"`python {' '.join(SPHINX_ARGS)}` (full log: test-artifacts/{log_name}.log). Last lines:\n"
+            + "\n".join(log.splitlines()[-60:])
+        )
+    return elapsed
+
+
+@dataclass
+class BuildInfo:
+    clean_s: float | None
+    rebuild_s: float
+
+
+@pytest.fixture(scope="session")
+def built_site() -> BuildInfo:
+    reuse = os.environ.get("CP_SITE_TEST_REUSE_BUILD") == "1" and (HTML / "index.html").is_file()
+    clean_s = None
+    if not reuse:
+        shutil.rmtree(BUILD, ignore_errors=True)
+        clean_s = _run_sphinx("build-clean")
+    rebuild_s = _run_sphinx("build-unchanged")
+    times = {
+        "clean_build_s": None if clean_s is None else round(clean_s, 2),
+        "unchanged_rebuild_s": round(rebuild_s, 2),
+        "unchanged_rebuild_limit_s": UNCHANGED_REBUILD_LIMIT_S,
+        "command": f"python {' '.join(SPHINX_ARGS)}",
+        "python": sys.executable,
+        "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    (ARTIFACTS / "build-times.json").write_text(json.dumps(times, indent=2) + "\n")
+    return BuildInfo(clean_s, rebuild_s)
+
+
+# --------------------------------------------------------------------------- serve
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(built_site) -> str:
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+# --------------------------------------------------------------------------- browser
+
+
+def _chromium_path() -> str:
+    env = os.environ.get("CHROMIUM_PATH")
+    if env:
+        return env
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("No Chromium found on PATH (or in CHROMIUM_PATH): run `bash tests/setup_browser.sh`.")
+
+
+@pytest.fixture(scope="session")
+def browser(built_site):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("The playwright package is missing: `pip install -e '.[test]'` or `bash tests/setup_browser.sh`.")
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=_chromium_path(), headless=True, args=CHROMIUM_FLAGS)
+    except Exception:
+        pw.stop()
+        raise
+    yield b
+    b.close()
+    pw.stop()
+
+
+# --------------------------------------------------------------------------- crawl
+
+_IMAGES_JS = """
+async () => {
+  const imgs = Array.from(document.images);
+  await Promise.all(imgs.map(img => {
+    if (img.loading === 'lazy') img.loading = 'eager';
+    if (img.complete) return null;
+    return new Promise(resolve => { img.addEventListener('load', resolve); img.addEventListener('error', resolve); });
+  }));
+  const article = document.querySelector('article') || document.body;
+  return imgs.map(img => ({
+    src: img.currentSrc || img.src,
+    width: img.naturalWidth,
+    inArticle: article.contains(img),
+  }));
+}
+"""
+
+_LINKS_JS = """
+() => Array.from(document.querySelectorAll('a[href]')).map(a => ({raw: a.getAttribute('href'), url: a.href}))
+"""
+
+
+@dataclass
+class PageResult:
+    rel: str
+    console_errors: list = field(default_factory=list)
+    page_errors: list = field(default_factory=list)
+    failed_requests: list = field(default_factory=list)
+    bad_responses: list = field(default_factory=list)
+    images: list = field(default_factory=list)
+    links: list = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class Crawl:
+    base: str
+    pages: dict
+    external_requests: list
+
+
+def _content_pages() -> list[str]:
+    pages = []
+    for path in sorted(HTML.rglob("*.html")):
+        rel = path.relative_to(HTML).as_posix()
+        if rel in SKIP_PAGES or any(part.startswith("_") for part in Path(rel).parts[:-1]):
+            continue
+        pages.append(rel)
+    return pages
+
+
+@pytest.fixture(scope="session")
+def crawl(browser, server) -> Crawl:
+    ARTIFACTS.mkdir(exist_ok=True)
+    base_host = urlsplit(server).netloc
+    external: list = []
+
+    def route(route_obj):
+        url = route_obj.request.url
+        if urlsplit(url).netloc == base_host:
+            route_obj.continue_()
+        else:
+            external.append(url)
+            route_obj.fulfill(status=200, body="", content_type="application/javascript")
+
+    results = {}
+    for rel in _content_pages():
+        # A fresh context per page: every page is checked as a first visit (empty storage).
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.route("**/*", route)
+        res = PageResult(rel)
+        page = context.new_page()
+        page.on("console", lambda msg, r=res: r.console_errors.append(f"{msg.text} @ {msg.location}") if msg.type == "error" else None)
+        page.on("pageerror", lambda exc, r=res: r.page_errors.append(str(exc)))
+        page.on("requestfailed", lambda req, r=res: r.failed_requests.append(f"{req.url}: {req.failure}"))
+        page.on("response", lambda resp, r=res: r.bad_responses.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None)
+        page.goto(f"{server}/{rel}", wait_until="load")
+        page.wait_for_load_state("networkidle")
+        res.images = page.evaluate(_IMAGES_JS)
+        res.links = page.evaluate(_LINKS_JS)
+        article = page.query_selector("article")
+        res.text = (article or page.query_selector("body")).inner_text()
+        if rel == "index.html":
+            page.screenshot(path=str(ARTIFACTS / "landing.png"), full_page=True)
+        elif rel == f"{CHAPTERS[0]}.html":
+            page.screenshot(path=str(ARTIFACTS / "chapter.png"), full_page=True)
+        context.close()
+        results[rel] = res
+    (ARTIFACTS / "external-requests.json").write_text(json.dumps(sorted(set(external)), indent=2) + "\n")
+    return Crawl(server, results, external)
+
+
+class _IdCollector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            if key in ("id", "name") and value:
+                self.ids.add(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _ids_in(path: Path) -> frozenset:
+    parser = _IdCollector()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(parser.ids)
+
+
+def _format(problems: dict) -> str:
+    return "\n".join(f"{page}:\n  " + "\n  ".join(items) for page, items in problems.items())
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_unchanged_rebuild_is_fast(built_site):
+    assert (ARTIFACTS / "build-times.json").is_file()
+    assert built_site.rebuild_s <= UNCHANGED_REBUILD_LIMIT_S, (
+        f"an unchanged rebuild took {built_site.rebuild_s:.1f} s (limit {UNCHANGED_REBUILD_LIMIT_S} s): "
+        "something forces re-reading or re-executing; see test-artifacts/build-unchanged.log"
+    )
+
+
+def test_landing_page_is_site_root(built_site):
+    index = (HTML / "index.html").read_text(encoding="utf-8")
+    assert "Context-parallel attention in JAX" in index
+    for chapter in CHAPTERS:
+        assert f'href="{chapter}.html"' in index, f"the landing page does not link to {chapter}"
+
+
+def test_every_source_page_is_built(built_site):
+    sources = ["index.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")),
+               *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.md"))]
+    missing = [s for s in sources if not (HTML / Path(s).with_suffix(".html")).is_file()]
+    assert not missing, f"source files without a built page: {missing}"
+    for chapter in CHAPTERS:
+        assert (HTML / f"{chapter}.html").is_file(), f"chapter page {chapter}.html was not built"
+
+
+def test_pages_load_without_errors(crawl):
+    problems = {}
+    for rel, res in crawl.pages.items():
+        items = (
+            [f"console error: {e}" for e in res.console_errors]
+            + [f"uncaught exception: {e}" for e in res.page_errors]
+            + [f"request failed: {e}" for e in res.failed_requests]
+            + [f"HTTP error: {e}" for e in res.bad_responses]
+        )
+        if items:
+            problems[rel] = items
+    assert crawl.pages, "no pages were crawled"
+    assert not problems, "pages with browser errors:\n" + _format(problems)
+
+
+def test_only_known_external_requests(crawl):
+    hosts = {urlsplit(u).netloc for u in crawl.external_requests}
+    unexpected = sorted(hosts - EXTERNAL_HOSTS_ALLOWED)
+    assert not unexpected, (
+        f"pages request resources from unexpected hosts {unexpected} "
+        "(see test-artifacts/external-requests.json); the site should be self-contained"
+    )
+
+
+def test_images_render(crawl):
+    problems = {}
+    for rel, res in crawl.pages.items():
+        broken = [f"image did not load: {img['src']}" for img in res.images if img["width"] == 0]
+        if broken:
+            problems[rel] = broken
+    assert not problems, "pages with missing images:\n" + _format(problems)
+
+
+def test_internal_links_resolve(crawl):
+    base = urlsplit(crawl.base)
+    problems = {}
+    for rel, res in crawl.pages.items():
+        bad = []
+        for link in res.links:
+            url = urlsplit(link["url"])
+            if url.scheme not in ("http", "https") or url.netloc != base.netloc:
+                continue  # external, mailto:, javascript: ...
+            target = HTML / unquote(url.path).lstrip("/")
+            if url.path.endswith("/"):
+                target = target / "index.html"
+            if not target.is_file():
+                bad.append(f"{link['raw']!r} -> missing file {target.relative_to(HTML) if target.is_relative_to(HTML) else target}")
+                continue
+            fragment = unquote(url.fragment)
+            if fragment and target.suffix == ".html" and fragment not in _ids_in(target):
+                bad.append(f"{link['raw']!r} -> no element with id {fragment!r} in {target.relative_to(HTML)}")
+        if bad:
+            problems[rel] = sorted(set(bad))
+    assert not problems, "broken internal links:\n" + _format(problems)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_shows_backend_and_figure(crawl, chapter):
+    res = crawl.pages.get(f"{chapter}.html")
+    assert res is not None, f"{chapter}.html was not crawled"
+    assert "Backend:" in res.text, f"{chapter} does not print its 'Backend:' line"
+    figures = [img for img in res.images if img["inArticle"] and img["width"] > 0]
+    assert figures, f"{chapter} shows no rendered figure (no <img> with naturalWidth > 0 in the article)"
+
+
+def test_screenshots_saved(crawl):
+    for name in ("landing.png", "chapter.png"):
+        path = ARTIFACTS / name
+        assert path.is_file() and path.stat().st_size > 10_000, f"screenshot {name} missing or empty"
