@@ -10,7 +10,7 @@ help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
 	@echo "make test      - create .venv if needed and run the whole test suite (includes the site build)"
 	@echo "make test-fast - unit tests only (no site build, no browser)"
-	@echo "make serve     - serve _build/html on http://127.0.0.1:8000"
+	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
 	@echo "make gpu-setup - install the GPU extra (jax[cuda12], transformer-engine[jax])"
@@ -37,7 +37,8 @@ docs: $(STAMP)
 docs-clean:
 	rm -rf _build
 
-serve: 
+serve: docs
+	@echo "Serving _build/html on http://127.0.0.1:8000 (Ctrl-C to stop)"
 	$(PY) -m http.server --directory _build/html --bind 127.0.0.1 8000
 
 lab: $(STAMP)
