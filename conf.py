@@ -126,6 +126,7 @@ API_MODULE_ORDER = [
     "comm",
     "hardware",
     "costmodel",
+    "plan",
     "bench",
     "check",
     "launch",
