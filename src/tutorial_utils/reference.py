@@ -176,6 +176,15 @@ def block_needed(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec, block_q: int, blo
     return need
 
 
+def _needed_range(row):
+    """``[lo, hi)`` spanning the needed blocks of one row of ``need`` (empty when none)."""
+    n = row.shape[0]
+    idx = jnp.arange(n)
+    lo = jnp.min(jnp.where(row, idx, n))
+    hi = jnp.max(jnp.where(row, idx + 1, 0))
+    return lo, jnp.maximum(hi, lo)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
     out, lse, mx, _ = _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need)
@@ -224,7 +233,8 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
 
             return lax.cond(need[i, j], compute, lambda c: c, carry)
 
-        m, l, acc, mx = lax.fori_loop(0, nk, kv_step, carry0)
+        lo, hi = _needed_range(need[i])
+        m, l, acc, mx = lax.fori_loop(lo, hi, kv_step, carry0)
         out, lse = _finalize(m, l, acc)
         row_real = (iq > 0) if spec.padding else (iq >= 0)
         has_key = jnp.isfinite(mx) & row_real[:, None, None, :]
@@ -284,7 +294,8 @@ def _flash_bwd(cfg, res, cts):
 
             return lax.cond(need[i, j], compute, lambda a: a, acc)
 
-        return lax.fori_loop(0, nk, step, jnp.zeros((b, bq, hkv, g, d), jnp.float32))
+        lo, hi = _needed_range(need[i])
+        return lax.fori_loop(lo, hi, step, jnp.zeros((b, bq, hkv, g, d), jnp.float32))
 
     def dkv_block(j):
         def step(i, acc):
@@ -298,7 +309,8 @@ def _flash_bwd(cfg, res, cts):
             return lax.cond(need[i, j], compute, lambda a: a, acc)
 
         zeros = (jnp.zeros((b, bk, hkv, d), jnp.float32), jnp.zeros((b, bk, hkv, v.shape[-1]), jnp.float32))
-        return lax.fori_loop(0, nq, step, zeros)
+        lo, hi = _needed_range(need[:, j])
+        return lax.fori_loop(lo, hi, step, zeros)
 
     dq = lax.map(dq_block, jnp.arange(nq)).transpose(1, 0, 2, 3, 4, 5).reshape(q.shape)
     dk, dv = lax.map(dkv_block, jnp.arange(nk))
