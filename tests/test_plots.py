@@ -1,0 +1,308 @@
+"""Fast checks of the figure helpers: each returns a Figure showing the expected data, and
+rejects bad input with a ValueError that names the parameter."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+
+from tutorial_utils import plots  # noqa: E402
+from tutorial_utils.inputs import fixed_slot_segments, pack_segments  # noqa: E402
+from tutorial_utils.workcount import count_work, local_token_order  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def small():
+    return fixed_slot_segments(1, 32, 2, 12)
+
+
+def _brute_visible(ids, pos, left):
+    i, j = np.meshgrid(np.arange(ids.size), np.arange(ids.size), indexing="ij")
+    vis = (ids[i] == ids[j]) & (ids[i] > 0) & (pos[j] <= pos[i])
+    if left >= 0:
+        vis &= pos[j] >= pos[i] - left
+    return vis
+
+
+# ----------------------------------------------------------------------------- ids and positions
+
+
+def test_ids_and_positions_shows_ids_image_and_position_lines(small):
+    ids, pos = small
+    fig = plots.plot_ids_and_positions(ids, pos)
+    assert isinstance(fig, Figure)
+    ax_id, ax_pos = fig.axes
+    np.testing.assert_array_equal(np.asarray(ax_id.images[0].get_array())[0], ids[0])
+    # one line per segment plus padding; together they reproduce pos exactly once per token
+    assert len(ax_pos.lines) == 3
+    ys = np.stack([line.get_ydata() for line in ax_pos.lines]).astype(float)
+    assert (np.sum(~np.isnan(ys), axis=0) == 1).all()
+    np.testing.assert_array_equal(np.nanmax(ys, axis=0), pos[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(segment_ids=np.zeros((1, 4), np.int32), segment_pos=np.zeros((1, 5), np.int32)), "segment_pos"),
+        (dict(segment_ids=np.zeros((1, 4), np.float32), segment_pos=np.zeros((1, 4), np.int32)), "segment_ids"),
+        (dict(segment_ids=-np.ones((1, 4), np.int32), segment_pos=np.zeros((1, 4), np.int32)), "segment_ids"),
+        (dict(segment_ids=np.ones((2, 4), np.int32), segment_pos=np.zeros((2, 4), np.int32), row=2), "row"),
+    ],
+)
+def test_ids_and_positions_rejects_bad_input(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        plots.plot_ids_and_positions(**kwargs)
+
+
+# ----------------------------------------------------------------------------- mask
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (4, 0), (0, 0)])
+def test_attention_mask_final_panel_is_the_visibility_matrix(small, window):
+    ids, pos = small
+    fig = plots.plot_attention_mask(ids, pos, window=window)
+    assert len(fig.axes) == 4
+    data = fig.axes[3].images[0].get_array()
+    shown = ~np.ma.getmaskarray(data)
+    expected = _brute_visible(ids[0], pos[0], window[0])
+    np.testing.assert_array_equal(shown, expected)
+    # visible pairs are coloured by their segment id
+    np.testing.assert_array_equal(np.asarray(data)[expected], np.broadcast_to(ids[0][:, None], expected.shape)[expected])
+    assert str(int(expected.sum())) in fig.axes[3].get_title()
+
+
+def test_attention_mask_rejects_bad_window_and_long_rows(small):
+    ids, pos = small
+    with pytest.raises(ValueError, match="window"):
+        plots.plot_attention_mask(ids, pos, window=(-3, 0))
+    with pytest.raises(ValueError, match="window"):
+        plots.plot_attention_mask(ids, pos, window=5)
+    long_ids, long_pos = fixed_slot_segments(1, 8192, 2, 100)
+    with pytest.raises(ValueError, match="segment_ids"):
+        plots.plot_attention_mask(long_ids, long_pos)
+
+
+# ----------------------------------------------------------------------------- GQA
+
+
+def test_gqa_mapping_draws_one_line_per_query_head_to_its_kv_head():
+    fig = plots.plot_gqa_mapping(16, 4)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 16
+    kv_x = sorted({line.get_xdata()[1] for line in ax.lines})
+    assert len(kv_x) == 4
+    for h, line in enumerate(ax.lines):
+        assert line.get_xdata()[0] == h
+        assert kv_x.index(line.get_xdata()[1]) == h // 4
+    assert sum(isinstance(p, Rectangle) for p in ax.patches) == 16 + 4
+
+
+@pytest.mark.parametrize("args, name", [((16, 5), "num_kv_heads"), ((0, 1), "num_q_heads"), ((8, 0), "num_kv_heads"),
+                                        ((128, 8), "num_q_heads")])
+def test_gqa_mapping_rejects_bad_heads(args, name):
+    with pytest.raises(ValueError, match=name):
+        plots.plot_gqa_mapping(*args)
+
+
+# ----------------------------------------------------------------------------- ownership
+
+
+def test_token_ownership_matches_te_layouts():
+    layouts = ["contiguous", ("striped", 1), ("striped", 2), "dual_chunk"]
+    fig = plots.plot_token_ownership(16, 4, layouts)
+    owners = np.asarray(fig.axes[0].images[0].get_array())
+    assert owners.shape == (4, 16)
+    np.testing.assert_array_equal(owners[0], np.repeat(np.arange(4), 4))
+    np.testing.assert_array_equal(owners[1], np.tile(np.arange(4), 4))  # stripe 1: token t on rank t % 4
+    # TE's worked example, stripe 2: rank0 holds 0,1,8,9
+    assert set(np.nonzero(owners[2] == 0)[0]) == {0, 1, 8, 9}
+    # dual chunk, cp=4: rank0 holds 0,1,14,15
+    assert set(np.nonzero(owners[3] == 0)[0]) == {0, 1, 14, 15}
+    for i, (layout, stripe) in enumerate([("contiguous", 1), ("striped", 1), ("striped", 2), ("dual_chunk", 1)]):
+        order = local_token_order(16, 4, layout, stripe)
+        for r in range(4):
+            assert (owners[i, order[r]] == r).all()
+    assert len(fig.axes[0].texts) == 4 * 16  # annotated for short rows
+
+
+def test_token_ownership_with_segment_row():
+    ids, _ = fixed_slot_segments(1, 64, 2, 20)
+    fig = plots.plot_token_ownership(64, 4, "contiguous", segment_ids=ids[0], annotate=False)
+    assert len(fig.axes) == 2
+    np.testing.assert_array_equal(np.asarray(fig.axes[1].images[0].get_array())[0], ids[0])
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, name",
+    [
+        ((16, 4, []), {}, "layouts"),
+        ((16, 4, ["zigzag"]), {}, "layout"),
+        ((16, 4, [("striped", 0)]), {}, "stripe_size"),
+        ((16, 0, ["contiguous"]), {}, "cp_size"),
+        ((16, 4, ["contiguous"]), {"segment_ids": np.zeros(15, np.int32)}, "segment_ids"),
+    ],
+)
+def test_token_ownership_rejects_bad_input(args, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        plots.plot_token_ownership(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- per-token series
+
+
+def test_per_token_plots_each_series_and_shades_padding(small):
+    ids, _ = small
+    vals = {"a": np.arange(32.0), "b": np.ones(32)}
+    fig = plots.plot_per_token(vals, ids[0], ylabel="norm")
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.lines] == ["a", "b"]
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), vals["a"])
+    assert len(ax.patches) == 2  # two padding spans
+
+
+def test_per_token_rejects_bad_input(small):
+    ids, _ = small
+    with pytest.raises(ValueError, match="values"):
+        plots.plot_per_token({"a": np.ones(31)}, ids[0])
+    with pytest.raises(ValueError, match="values"):
+        plots.plot_per_token({}, ids[0])
+    with pytest.raises(ValueError, match="segment_ids"):
+        plots.plot_per_token(np.ones(32), ids)  # 2-D ids
+
+
+# ----------------------------------------------------------------------------- rank work
+
+
+def test_rank_work_panels_and_relative_totals():
+    ids, pos = fixed_slot_segments(1, 256, 1, 256)
+    mats = {layout: count_work(ids, pos, (-1, 0), cp_size=4, layout=layout, stripe_size=1, tile=None).pair_matrix
+            for layout in ("contiguous", "striped")}
+    fig = plots.plot_rank_work(mats)
+    assert len(fig.axes) == 3
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), mats["contiguous"])
+    rel = np.asarray(fig.axes[-1].images[0].get_array())
+    totals = np.stack([m.sum(axis=1) for m in mats.values()])
+    np.testing.assert_allclose(rel, totals / totals.mean(axis=1, keepdims=True))
+    # one causal document split contiguously: the last rank does 7x the first rank's work
+    assert rel[0, -1] / rel[0, 0] > 6
+    assert f"{rel[0].max():.2f}" in fig.axes[0].get_title()
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [{}, [np.eye(2)], {"a": np.ones((2, 3))}, {"a": -np.ones((2, 2))}, {"a": np.ones((2, 2)), "b": np.ones((3, 3))}],
+)
+def test_rank_work_rejects_bad_input(arg):
+    with pytest.raises(ValueError, match="pair_matrices"):
+        plots.plot_rank_work(arg)
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+@pytest.mark.parametrize("strategy, panels, arrows", [("ring", 3, 4), ("allgather", 2, 12), ("ulysses", 2, 12)])
+def test_comm_steps_arrows_per_panel(strategy, panels, arrows):
+    fig = plots.plot_comm_steps(strategy, 4)
+    assert len(fig.axes) == panels
+    for ax in fig.axes:
+        assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) == arrows
+
+
+def test_comm_steps_ring_labels_follow_the_rotation():
+    fig = plots.plot_comm_steps("ring", 4)
+    # before hop t, rank r holds (and sends) block (r - t) mod 4
+    for t, ax in enumerate(fig.axes):
+        labels = [txt.get_text() for txt in ax.texts if txt.get_text().startswith("KV")]
+        assert sorted(labels) == [f"KV{b}" for b in range(4)]
+        held = [txt.get_text() for txt in ax.texts if txt.get_text().startswith("r")]
+        assert held == [f"r{r}\nKV{(r - t) % 4}" for r in range(4)]
+
+
+@pytest.mark.parametrize("args, name", [(("tree", 4), "strategy"), (("ring", 1), "cp_size"), (("ring", 2.5), "cp_size")])
+def test_comm_steps_rejects_bad_input(args, name):
+    with pytest.raises(ValueError, match=name):
+        plots.plot_comm_steps(*args)
+
+
+def test_comm_bytes_bar_heights_match_the_volumes():
+    comm = pytest.importorskip("tutorial_utils.comm")
+    vols = {s: comm.comm_volume(s, batch=2, seq_len=2048, num_q_heads=16, num_kv_heads=4, head_dim=32, cp_size=4)
+            for s in ("ring", "allgather", "ulysses")}
+    fig = plots.plot_comm_bytes(vols, unit="B")
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(bars) == 3 * 2 * 3  # strategies x phases x stacked groups
+    for i, vol in enumerate(vols.values()):
+        for k, expected in enumerate((vol.fwd_received, vol.bwd_received)):
+            stack = bars[(i * 2 + k) * 3:(i * 2 + k + 1) * 3]
+            assert sum(b.get_height() for b in stack) == pytest.approx(expected)
+
+
+def test_comm_bytes_rejects_bad_input():
+    with pytest.raises(ValueError, match="volumes"):
+        plots.plot_comm_bytes({})
+    with pytest.raises(ValueError, match="volumes"):
+        plots.plot_comm_bytes({"ring": {"fwd": 1}})
+    with pytest.raises(ValueError, match="unit"):
+        plots.plot_comm_bytes({"ring": object()}, unit="bits")
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def test_benchmark_separate_panels_and_speedups():
+    local = [{"strategy": "single", "mean_ms": 100.0, "std_ms": 2.0}, {"strategy": "ring", "stripe_size": 1, "mean_ms": 50.0}]
+    pub = [{"strategy": "single", "mean_ms": 126.7}, {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8}]
+    fig = plots.plot_benchmark(local, published=pub)
+    assert len(fig.axes) == 2
+    ax_local, ax_pub = fig.axes
+    assert ax_local.get_shared_y_axes().get_siblings(ax_local) == [ax_local]
+    assert [b.get_height() for b in ax_local.patches] == [100.0, 50.0]
+    assert [b.get_height() for b in ax_pub.patches] == [126.7, 53.8]
+    assert "published" in ax_pub.get_title() and "GB200" in ax_pub.get_title()
+    assert any("2.00x" in t.get_text() for t in ax_local.texts)
+    assert any("2.36x" in t.get_text() for t in ax_pub.texts)
+    assert len(plots.plot_benchmark(local).axes) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(results=[]), "results"),
+        (dict(results=[{"strategy": "ring", "mean_ms": 0.0}]), r"results\[0\]\.mean_ms"),
+        (dict(results=[{"mean_ms": 1.0}]), r"results\[0\]"),
+        (dict(results=[{"strategy": "ring", "mean_ms": 1.0, "std_ms": -1.0}]), r"results\[0\]\.std_ms"),
+        (dict(results=[{"strategy": "ring", "mean_ms": 1.0}], published=[{"strategy": "ring", "mean_ms": float("nan")}]),
+         r"published\[0\]\.mean_ms"),
+    ],
+)
+def test_benchmark_rejects_bad_input(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        plots.plot_benchmark(**kwargs)
+
+
+def test_colour_helpers_validate():
+    assert len(plots.rank_colors(4)) == 4
+    assert plots.segment_colors(3)[0] == plots.PAD_COLOR
+    with pytest.raises(ValueError, match="cp_size"):
+        plots.rank_colors(0)
+    with pytest.raises(ValueError, match="num_segments"):
+        plots.segment_colors(-1)
+
+
+def test_padding_spans_helper():
+    ids, _ = pack_segments([[3, 2]], seq_len=10, align=4)
+    assert plots._padding_spans(ids[0]) == [(3, 4), (6, 10)]
