@@ -12,8 +12,8 @@ misses the ideal ``cp``-fold speedup, as an additive breakdown:
               + cp_overhead     (the fitted CP efficiency loss: everything the counts do not explain)
               + comm_exposed    (transfer time not hidden under compute)
 
-The model
----------
+How the model works:
+
 * Kernel time is proportional to touched ``tile x tile`` blocks: a partly masked tile
   costs a full one. ``time = tiles * tile_area * 4 * d * H_q * 3.5 / (eta * peak)``
   (forward + 2.5x backward).

@@ -133,7 +133,7 @@ def _gap_driver(row: dict) -> str:
     parts = {k: b[k] for k in ("fragmentation_ms", "imbalance_ms", "cp_overhead_ms", "comm_exposed_ms")}
     name = max(parts, key=parts.get)
     labels = {"fragmentation_ms": "tile fragmentation", "imbalance_ms": "load imbalance",
-              "cp_overhead_ms": "the fitted CP efficiency loss", "comm_exposed_ms": "exposed communication"}
+              "cp_overhead_ms": "the fitted CP overhead", "comm_exposed_ms": "exposed communication"}
     return f"{labels[name]} ({parts[name]:.1f} ms)"
 
 
@@ -197,10 +197,14 @@ def format_table(result: dict) -> str:
     stripe = "" if rec["stripe_size"] is None else f" stripe {rec['stripe_size']}"
     lines += ["", f"Recommendation: {rec['strategy']}{stripe}. {rec['reason']}", ""]
     k = cal["cp_factor"]
+    if cal["form"] == "scale":
+        factors = ", ".join(f"CP efficiency factor {s}={k[s]:.3f}" for s in ("ring", "allgather", "ulysses"))
+    else:
+        factors = ", ".join(f"CP overhead {s}={k[s]:.1f} ms on GB200" for s in ("ring", "allgather", "ulysses"))
     lines.append(
-        f"Calibration ({cal['form']}): eta={cal['eta']:.3f} of peak, fitted on TE's single-GB200 time; "
-        + ", ".join(f"CP factor {s}={k[s]:.3f}" for s in ("ring", "allgather", "ulysses"))
-        + f". Ring/AllGather factors fit TE's published 4xGB200 times exactly; one shared factor would miss them by "
+        f"Calibration ({cal['form']}): eta={cal['eta']:.3f} of peak, fitted on TE's single-GB200 time; {factors}"
+        + ". The Ring and AllGather terms fit TE's published 4xGB200 times exactly (Ulysses borrows); one shared "
+        + "efficiency factor would miss them by "
         + ", ".join(f"{s} {100 * v:+.1f}%" for s, v in cal["shared_residuals"].items())
         + ". Other GPUs reuse these fractions of peak."
     )
