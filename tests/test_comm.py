@@ -8,7 +8,6 @@ their bytes with comm.comm_volume(..., schedule="reference").
 
 import importlib.util
 
-import numpy as np
 import pytest
 
 from tutorial_utils.comm import comm_for_workload, comm_volume, dtype_bytes, hlo_collective_bytes, ring_step_bytes

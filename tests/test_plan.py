@@ -144,6 +144,12 @@ def test_cli_bad_input_names_parameter_value_and_fix(args, needles):
         assert needle in proc.stderr, (needle, proc.stderr)
 
 
+def test_tiny_workloads_carry_a_latency_caution():
+    res = plan("cpu")
+    assert res["single_ms"] < 1
+    assert "latencies that the model ignores" in res["recommendation"]["reason"]
+
+
 def test_plan_function_raises_value_error():
     with pytest.raises(ValueError, match="--stripes value -4"):
         plan("tiny", stripes=[-4])

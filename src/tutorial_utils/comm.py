@@ -82,10 +82,12 @@ class Transfer:
 
     @property
     def total_sent(self) -> int:
+        """Bytes this rank sends over all ``count`` issues."""
         return self.count * self.bytes_sent
 
     @property
     def total_received(self) -> int:
+        """Bytes this rank receives over all ``count`` issues."""
         return self.count * self.bytes_received
 
 
@@ -103,26 +105,32 @@ class CommVolume:
 
     @property
     def fwd_sent(self) -> int:
+        """Bytes one rank sends in the forward pass."""
         return self._sum("fwd")
 
     @property
     def bwd_sent(self) -> int:
+        """Bytes one rank sends in the backward pass."""
         return self._sum("bwd")
 
     @property
     def fwd_received(self) -> int:
+        """Bytes one rank receives in the forward pass."""
         return self._sum("fwd", "total_received")
 
     @property
     def bwd_received(self) -> int:
+        """Bytes one rank receives in the backward pass."""
         return self._sum("bwd", "total_received")
 
     @property
     def total_sent(self) -> int:
+        """Bytes one rank sends, forward plus backward (what the advisor reports per rank)."""
         return self._sum()
 
     @property
     def total_received(self) -> int:
+        """Bytes one rank receives, forward plus backward."""
         return self._sum(attr="total_received")
 
     def by_op(self, phase=None) -> Dict[str, int]:
@@ -134,6 +142,7 @@ class CommVolume:
         return out
 
     def as_dict(self) -> dict:
+        """Plain-JSON view for records and the advisor's ``--json`` output."""
         return {
             "strategy": self.strategy, "schedule": self.schedule, "cp_size": self.cp_size,
             "fwd_sent": self.fwd_sent, "bwd_sent": self.bwd_sent, "total_sent": self.total_sent,

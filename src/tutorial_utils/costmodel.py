@@ -122,6 +122,7 @@ class Calibration:
     shared_residuals: Dict[str, float]
 
     def as_dict(self) -> dict:
+        """Plain-JSON view, so every prediction can carry what it was fitted on."""
         return dataclasses.asdict(self)
 
 
@@ -234,6 +235,7 @@ class Prediction:
     measured: bool = False
 
     def as_dict(self) -> dict:
+        """Plain-JSON view of the prediction and its breakdown."""
         return dataclasses.asdict(self)
 
 

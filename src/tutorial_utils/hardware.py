@@ -39,6 +39,7 @@ class HardwareProfile:
         return self.nvlink_gbps_per_direction * 1e9
 
     def as_dict(self) -> dict:
+        """Plain-JSON view, sources included, for records and the advisor's ``--json`` output."""
         return dataclasses.asdict(self)
 
 

@@ -128,13 +128,28 @@ def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES
     }
 
 
+def _ms(x: float) -> str:
+    """Milliseconds with sensible precision from microseconds to seconds."""
+    return f"{x:,.0f} ms" if x >= 1000 else (f"{x:.1f} ms" if x >= 1 else f"{x:.3g} ms")
+
+
+_TINY_MS = 1.0
+
+
 def _gap_driver(row: dict) -> str:
     b = row["breakdown"]
     parts = {k: b[k] for k in ("fragmentation_ms", "imbalance_ms", "cp_overhead_ms", "comm_exposed_ms")}
     name = max(parts, key=parts.get)
     labels = {"fragmentation_ms": "tile fragmentation", "imbalance_ms": "load imbalance",
               "cp_overhead_ms": "the fitted CP overhead", "comm_exposed_ms": "exposed communication"}
-    return f"{labels[name]} ({parts[name]:.1f} ms)"
+    return f"{labels[name]} ({_ms(parts[name])})"
+
+
+def _tiny_note(single_ms: float) -> str:
+    if single_ms >= _TINY_MS:
+        return ""
+    return (f" Caution: at {_ms(single_ms)} per step, launch and collective latencies that the model ignores "
+            "dominate, so these predictions say little.")
 
 
 def _recommend(rows: list, single_ms: float, cal) -> dict:
@@ -146,22 +161,24 @@ def _recommend(rows: list, single_ms: float, cal) -> dict:
     label = f"{best['strategy']}" + (f" stripe {best['stripe_size']}" if best["stripe_size"] is not None else "")
     if best["speedup"] < 1.0:
         return {"strategy": "single", "stripe_size": None, "predicted_ms": single_ms, "speedup": 1.0,
-                "reason": (f"CP does not pay off: the best CP configuration ({label}, {best['predicted_ms']:.1f} ms) is "
-                           f"predicted slower than one GPU ({single_ms:.1f} ms); its largest loss is {_gap_driver(best)}.")}
-    reason = (f"fastest predicted: {best['predicted_ms']:.1f} ms, {best['speedup']:.2f}x over one GPU "
-              f"({single_ms:.1f} ms); the largest loss against the ideal {best['breakdown']['ideal_ms']:.1f} ms "
+                "reason": (f"CP does not pay off: the best CP configuration ({label}, {_ms(best['predicted_ms'])}) is "
+                           f"predicted slower than one GPU ({_ms(single_ms)}); its largest loss is {_gap_driver(best)}."
+                           + _tiny_note(single_ms))}
+    reason = (f"fastest predicted: {_ms(best['predicted_ms'])}, {best['speedup']:.2f}x over one GPU "
+              f"({_ms(single_ms)}); the largest loss against the ideal {_ms(best['breakdown']['ideal_ms'])} "
               f"is {_gap_driver(best)}.")
     if len(ranked) > 1:
         second = ranked[1]
         margin = second["predicted_ms"] / best["predicted_ms"] - 1.0
         tol = max(abs(v) for v in cal.shared_residuals.values())
         label2 = f"{second['strategy']}" + (f" stripe {second['stripe_size']}" if second["stripe_size"] is not None else "")
-        reason += f" Runner-up: {label2} ({second['predicted_ms']:.1f} ms, +{100 * margin:.1f}%)."
+        reason += f" Runner-up: {label2} ({_ms(second['predicted_ms'])}, +{100 * margin:.1f}%)."
         if margin < tol:
             reason += (f" The margin is below the model's cross-strategy error ({100 * tol:.1f}%, shared-factor fit), "
                        "so measure both.")
     if best["strategy"] == "ulysses":
         reason += " Ulysses is unmeasured here (its CP factor is borrowed); confirm on hardware."
+    reason += _tiny_note(single_ms)
     return {"strategy": best["strategy"], "stripe_size": best["stripe_size"], "predicted_ms": best["predicted_ms"],
             "speedup": best["speedup"], "reason": reason}
 
@@ -175,7 +192,7 @@ def format_table(result: dict) -> str:
         f"CP advisor (model prediction) - {wl['cp_size']} x {result['hardware']}, workload '{wl['name']}'",
         (f"  batch {wl['batch']} x {wl['seq_len']:,} tokens, {wl['segments_per_row']} slots x {wl['valid_per_slot']:,} valid, "
          f"heads {wl['num_q_heads']}q/{wl['num_kv_heads']}kv x {wl['head_dim']}, window {tuple(wl['window'])}, {wl['dtype']}"),
-        (f"  one GPU: {result['single_ms']:.1f} ms fwd+bwd ({result['single_tflops_per_s']:.0f} TFLOP/s useful, "
+        (f"  one GPU: {_ms(result['single_ms'])} fwd+bwd ({result['single_tflops_per_s']:.0f} TFLOP/s useful, "
          f"{100 * result['single_tflops_per_s'] / peak:.1f}% of {peak:,.0f} dense peak)"),
         "",
         f"  {'strategy':<10}{'stripe':>7}{'ms':>10}{'speedup':>9}{'MiB/rank':>10}{'imbal.':>8}{'tile eff':>9}"
@@ -186,7 +203,7 @@ def format_table(result: dict) -> str:
         stripe = "-" if r["stripe_size"] is None else str(r["stripe_size"])
         mark = "  *fitted point" if r["fitted_point"] else ("  (unmeasured)" if r["strategy"] == "ulysses" else "")
         lines.append(
-            f"  {r['strategy']:<10}{stripe:>7}{r['predicted_ms']:>10.1f}{r['speedup']:>8.2f}x{r['bytes_per_rank'] / 2**20:>10.0f}"
+            f"  {r['strategy']:<10}{stripe:>7}{r['predicted_ms']:>10.4g}{r['speedup']:>8.2f}x{r['bytes_per_rank'] / 2**20:>10.0f}"
             f"{r['imbalance']:>8.3f}{r['tile_efficiency']:>9.3f}{b['fragmentation_ms']:>9.1f}{b['imbalance_ms']:>8.1f}"
             f"{b['cp_overhead_ms']:>10.1f}{b['comm_exposed_ms']:>8.2f}/{b['comm_hidden_ms']:<8.2f}{mark}"
         )

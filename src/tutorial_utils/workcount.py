@@ -315,6 +315,7 @@ class WorkCount:
 
     @property
     def tile_area(self) -> int:
+        """Pairs one tile covers (0 when tiles were not counted)."""
         return 0 if self.tile is None else self.tile[0] * self.tile[1]
 
     def imbalance(self, strategy: str = "allgather") -> float:
