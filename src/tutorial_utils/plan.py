@@ -203,7 +203,7 @@ def format_table(result: dict) -> str:
         stripe = "-" if r["stripe_size"] is None else str(r["stripe_size"])
         mark = "  *fitted point" if r["fitted_point"] else ("  (unmeasured)" if r["strategy"] == "ulysses" else "")
         lines.append(
-            f"  {r['strategy']:<10}{stripe:>7}{r['predicted_ms']:>10.4g}{r['speedup']:>8.2f}x{r['bytes_per_rank'] / 2**20:>10.0f}"
+            f"  {r['strategy']:<10}{stripe:>7}{_ms(r['predicted_ms'])[:-3]:>10}{r['speedup']:>8.2f}x{r['bytes_per_rank'] / 2**20:>10.0f}"
             f"{r['imbalance']:>8.3f}{r['tile_efficiency']:>9.3f}{b['fragmentation_ms']:>9.1f}{b['imbalance_ms']:>8.1f}"
             f"{b['cp_overhead_ms']:>10.1f}{b['comm_exposed_ms']:>8.2f}/{b['comm_hidden_ms']:<8.2f}{mark}"
         )
