@@ -665,11 +665,11 @@ def _bar_panel(ax, results, title):
     base = next((float(r["mean_ms"]) for r in results if r["strategy"] == "single"), None)
     colors = ["#7f7f7f" if r["strategy"] == "single" else "#4c72b0" for r in results]
     bars = ax.bar(range(len(ms)), ms, yerr=err if any(err) else None, color=colors, capsize=3)
-    for b, m in zip(bars, ms):
+    for b, m, e in zip(bars, ms, err):
         text = f"{m:.4g} ms"
         if base:
             text += f"\n{base / m:.2f}x"
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), text, ha="center", va="bottom", fontsize=7)
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height() + e, text, ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(ms)), labels, fontsize=8)
     ax.set_ylabel("forward + backward [ms]")
     ax.margins(y=0.25)
