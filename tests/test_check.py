@@ -1,0 +1,141 @@
+"""``python -m tutorial_utils.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tutorial_utils import check as C
+
+ROOT = Path(__file__).resolve().parents[1]
+LINE = re.compile(r"^(PASS|FAIL|SKIP) \S.*: .+$")
+
+
+def _env(devices=None):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["TUTORIAL_TE_BACKEND"] = "reference"
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.slow
+def test_check_quick_on_one_cpu_device(tmp_path):
+    out = tmp_path / "sub" / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.check", "--quick", "--out", str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#") and not l.startswith("check:")]
+    assert lines and all(LINE.match(l) for l in lines), lines
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["real_te"] is False
+    assert report["summary"]["FAIL"] == 0 and report["summary"]["PASS"] >= 8
+    assert report["environment"]["platform"] == "cpu" and report["environment"]["device_count"] == 1
+    checks = {c["name"]: c for c in report["checks"]}
+    te_checks = [c for n, c in checks.items() if n.startswith("te-")]
+    assert te_checks and all(c["verdict"] == "SKIP" and c["detail"] == "real TE not active" for c in te_checks)
+    # one device: cp=1 plus the 4-rank split computed one rank at a time
+    for strategy in ("allgather", "ring", "ulysses"):
+        assert checks[f"cp-{strategy} (cp=1, cpu)"]["verdict"] == "PASS"
+        assert checks[f"cp-emulated-{strategy} (4 ranks, one at a time)"]["verdict"] == "PASS"
+    assert checks["facade-signatures"]["verdict"] == "PASS"
+    assert checks["emulation-descriptors"]["verdict"] == "PASS"
+    assert any(n.startswith("reference-vs-oracle:") and c["verdict"] == "PASS" for n, c in checks.items())
+
+
+def test_tolerances_are_te_s():
+    import jax.numpy as jnp
+
+    assert C.tolerance(jnp.bfloat16) == pytest.approx(0.03937, abs=1e-4)
+    assert C.tolerance(jnp.float16) == pytest.approx(0.00984, abs=1e-4)
+    assert C.tolerance(jnp.float32) == pytest.approx(2.42e-5, rel=1e-2)
+
+
+def test_compare_is_allclose():
+    a = np.array([1.0, 2.0])
+    assert C.compare(a, a + 0.01, 0.01)["ok"]
+    assert not C.compare(a, a + 0.05, 0.01)["ok"]
+    assert not C.compare(np.array([np.nan]), np.array([0.0]), 1.0)["ok"]
+    assert not C.compare(np.zeros(2), np.zeros(3), 1.0)["ok"]
+
+
+def _run(**kw):
+    lines = []
+    results = C.run_checks(echo=lines.append, **kw)
+    return {r.name: r for r in results}, lines
+
+
+def test_cp_strategies_on_the_four_test_devices():
+    import jax
+
+    assert len(jax.devices()) == 4
+    results, lines = _run(quick=True, only="cp-ring (")
+    assert list(results) == ["cp-ring (cp=4, cpu)"]
+    assert results["cp-ring (cp=4, cpu)"].verdict == "PASS", lines
+
+
+@pytest.mark.slow
+def test_te_plumbing_runs_the_te_comparisons_on_the_reference_facade():
+    results, lines = _run(quick=True, te_plumbing=True, only="te-")
+    assert results["te-fused-attn:thd-gqa-swa"].verdict == "PASS", lines
+    assert "plumbing self-test, not TE" in results["te-fused-attn:thd-gqa-swa"].detail
+    assert results["te-cp-allgather"].verdict == "PASS", lines
+    assert results["te-cp-ring"].verdict == "PASS", lines
+    assert results["te-emulated-subproblems"].verdict == "PASS", lines
+
+
+def test_a_wrong_kernel_fails_the_te_check(monkeypatch):
+    """The TE comparison is not vacuous: perturb the facade's output and the check must FAIL."""
+    from tutorial_utils.te import attention as ta
+
+    real = ta.fused_attn
+
+    def skewed(*args, **kwargs):
+        return real(*args, **kwargs) * 1.1
+
+    monkeypatch.setattr(ta, "fused_attn", skewed)
+    results, lines = _run(quick=True, te_plumbing=True, only="te-fused-attn:thd-gqa-causal")
+    res = results["te-fused-attn:thd-gqa-causal"]
+    assert res.verdict == "FAIL", lines
+    assert "beyond tol" in res.detail and "out" in res.detail
+
+
+def test_a_wrong_descriptor_fails_the_descriptor_check(monkeypatch):
+    from tutorial_utils import bench_cli
+
+    real = bench_cli.ring_ragged_calls
+
+    def off_by_one(*args, **kwargs):
+        import dataclasses
+
+        return [dataclasses.replace(c, window=None) for c in real(*args, **kwargs)]
+
+    monkeypatch.setattr(bench_cli, "ring_ragged_calls", off_by_one)
+    results, _ = _run(quick=True, only="emulation-descriptors")
+    assert results["emulation-descriptors"].verdict == "FAIL"
+    assert "ragged runs give" in results["emulation-descriptors"].detail
+
+
+def test_signature_check_notices_a_renamed_parameter(monkeypatch):
+    monkeypatch.setattr(C, "FUSED_ATTN_PARAMS", C.FUSED_ATTN_PARAMS[:-1] + ("return_max_logits",))
+    results, _ = _run(only="facade-signatures")
+    assert results["facade-signatures"].verdict == "FAIL"
+    assert "fused_attn parameters" in results["facade-signatures"].detail
+
+
+def test_cp_workload_for_fits_any_device_count():
+    from tutorial_utils.validation import check_ulysses_heads
+
+    for n in (1, 2, 3, 4, 6, 8):
+        wl = C.cp_workload_for(n)
+        assert wl.cp_size == n and wl.seq_len % (n * wl.stripe_size) == 0 and wl.slot_len % (n * wl.stripe_size) == 0
+        check_ulysses_heads(wl.num_q_heads, wl.num_kv_heads, n)
+        assert wl.window[0] >= n - 1
