@@ -51,12 +51,17 @@ bench-cpu: $(STAMP)
 plan: $(STAMP)
 	$(PY) -m tutorial_utils.plan --preset seed --hardware GB200
 
+# TE compiles its JAX extension against the installed JAX: install JAX first, then TE
+# without build isolation (needs the CUDA toolkit headers and cuDNN; see docs/gpu.md).
 gpu-setup:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[test,docs,gpu]'
+	$(PY) -m pip install -e '.[test,docs]' 'jax[cuda12]>=0.10,<0.11'
+	$(PY) -m pip install pybind11 ninja cmake
+	$(PY) -m pip install --no-build-isolation 'transformer-engine[jax]==2.20.2'
+	touch $(STAMP)
 
 gpu-check:
-	$(PY) -m tutorial_utils.check --out results/gpu-check.json
+	$(PY) -m tutorial_utils.check --out results/checks/gpu-check.json
 
 clean:
 	rm -rf _build .pytest_cache

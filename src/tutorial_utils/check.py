@@ -793,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tutorial_utils.check",
                                 description="Check real TE (when active), the reference and every CP strategy on the devices "
                                             "present. Prints PASS|FAIL|SKIP lines; exit code 1 if any check fails.")
-    p.add_argument("--out", default=None, help="write the JSON report here (e.g. results/gpu-check.json)")
+    p.add_argument("--out", default=None, help="write the JSON report here (e.g. results/checks/gpu-check.json)")
     p.add_argument("--quick", action="store_true", help="fewer configurations; no seed-shape TE check")
     p.add_argument("--te-plumbing", action="store_true",
                    help="without real TE, run the te-* checks against the facade's reference backend (self-test only)")

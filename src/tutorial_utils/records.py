@@ -60,7 +60,7 @@ SOURCES = ("cpu-reference", "gpu", "gpu-emulated", "published")
 SOURCE_TITLES = {
     "cpu-reference": "this machine (CPU, reference backend)",
     "gpu": "GPU run",
-    "gpu-emulated": "GPU code path emulated on CPU (not a GPU timing)",
+    "gpu-emulated": "per-rank emulation on one GPU (predicted multi-GPU step, not measured)",
     "published": "published",
 }
 
