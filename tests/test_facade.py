@@ -118,7 +118,7 @@ def test_sequence_descriptor_constructors_fill_the_right_leaves():
 
 
 _fused_jit = jax.jit(fused_attn, static_argnums=tuple(range(4, 11)),
-                     static_argnames=("max_segments_per_seq", "window_size"))
+                     static_argnames=("max_segments_per_seq", "window_size", "return_max_logit"))
 
 
 def _attn(qkv, desc, mask, layout, max_segments=1, **kw):
@@ -207,6 +207,17 @@ def test_is_fused_attn_kernel_available_keywords():
     assert is_fused_attn_kernel_available(**{**base, "kv_num_heads": 3}) is False
     assert is_fused_attn_kernel_available(**{**base, "window_size": (-2, 0)}) is False
     assert is_fused_attn_kernel_available(**{**base, "dropout_probability": 0.1}) is False
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "src bug (te/attention.py): the reference returns max_logit in float32; TE 2.20.2 returns it in the output "
+    "dtype (FusedAttnFwdPrimitive._reduce_max_logit ends with .astype(output.dtype), and its abstract eval gives "
+    "max_logit the output dtype)."))
+def test_return_max_logit_dtype_follows_output():
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(seed=6))
+    out, max_logit = _attn((q, k, v), None, AttnMaskType.CAUSAL_MASK, QKVLayout.BSHD_BSHD_BSHD, return_max_logit=True)
+    assert max_logit.shape == (q.shape[2],)
+    assert max_logit.dtype == out.dtype == jnp.bfloat16
 
 
 # ----------------------------------------------------------------------------- MeshResource, autocast, backend
