@@ -269,13 +269,7 @@ def test_fused_attn_context_parallel_through_facade(strategy, stripe):
     assert np.all(np.asarray(inverse(out))[ids == 0] == 0.0)
 
 
-BSHD_REORDER_BUG = (
-    "src bug (te/attention.py): for BSHD layouts fused_attn synthesises segment_pos = arange(S) (descriptor None or "
-    "from_seqlens) although q/k/v are in the DualChunkSwap-reordered layout, so the causal mask is applied to the "
-    "wrong token order under CP with context_parallel_causal_load_balanced=True (max err ~1.6).")
-
-
-@pytest.mark.parametrize("balanced", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=BSHD_REORDER_BUG))])
+@pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("strategy", [CPStrategy.ALL_GATHER, CPStrategy.RING], ids=["ALL_GATHER", "RING"])
 def test_fused_attn_bshd_causal_context_parallel_through_facade(strategy, balanced):
     """BSHD + CAUSAL_MASK under CP (TE: DualChunkSwap load balancing), no sequence descriptor."""

@@ -209,10 +209,6 @@ def test_is_fused_attn_kernel_available_keywords():
     assert is_fused_attn_kernel_available(**{**base, "dropout_probability": 0.1}) is False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug (te/attention.py): the reference returns max_logit in float32; TE 2.20.2 returns it in the output "
-    "dtype (FusedAttnFwdPrimitive._reduce_max_logit ends with .astype(output.dtype), and its abstract eval gives "
-    "max_logit the output dtype)."))
 def test_return_max_logit_dtype_follows_output():
     q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(seed=6))
     out, max_logit = _attn((q, k, v), None, AttnMaskType.CAUSAL_MASK, QKVLayout.BSHD_BSHD_BSHD, return_max_logit=True)

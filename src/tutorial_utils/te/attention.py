@@ -395,6 +395,12 @@ else:
         else:
             raise ValueError(f"sequence_descriptor must be a SequenceDescriptor or None, got {type(sequence_descriptor).__name__}; "
                              "build one with SequenceDescriptor.from_segment_ids_and_pos(ids, pos).")
+        synthesized = sequence_descriptor is None or not sequence_descriptor.segment_ids[0].size
+        if cp_size > 1 and context_parallel_causal_load_balanced and not qkv_layout.is_thd() and synthesized:
+            # BSHD ids/positions are built here in natural order, but q/k/v arrive DualChunkSwap-reordered:
+            # reorder the token metadata the same way so the causal mask sees true positions.
+            ids_q, ids_kv, pos_q, pos_kv = (reorder_causal_load_balancing(x, ReorderStrategy.DualChunkSwap, cp_size, 1)
+                                            for x in (ids_q, ids_kv, pos_q, pos_kv))
         padding = attn_mask_type.is_padding()
         if not padding:
             ids_q, ids_kv = jnp.ones_like(ids_q), jnp.ones_like(ids_kv)
@@ -423,7 +429,7 @@ else:
         else:
             out, _, mx = blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, scale=scale, spec=spec, sink=sink,
                                              return_max_logit=True)
-            max_logit = jnp.max(mx, axis=(0, 2))
+            max_logit = jnp.max(mx, axis=(0, 2)).astype(out.dtype)  # TE returns it in the output dtype
         if return_max_logit:
             if max_logit is None:
                 raise ValueError("return_max_logit=True is supported by the reference backend only without bias and without CP.")
