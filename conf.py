@@ -12,8 +12,6 @@ build executes every chapter and an unchanged rebuild re-executes nothing.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,31 +24,18 @@ PACKAGE = SRC / "tutorial_utils"
 # is what every executed notebook sees. XLA reads the device-count flag only when JAX starts,
 # which is why it goes into the environment rather than into the notebooks' first cells.
 
-
-def _gpu_present() -> bool:
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
-
-
-if not _gpu_present():
-    # Four simulated CPU devices: enough for a cp=4 mesh on a laptop.
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 # The package is installed editable, but make ``src/`` importable for autodoc and for the
 # kernels even when it is not (e.g. a plain checkout with only the docs dependencies).
 sys.path.insert(0, str(SRC))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
+from tutorial_utils.runtime import gpu_present  # noqa: E402  (imports no JAX at module level)
+
+if not gpu_present():
+    # Four simulated CPU devices: enough for a cp=4 mesh on a laptop.
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # -- Project -------------------------------------------------------------------------------------
 project = "Context-parallel attention in JAX"

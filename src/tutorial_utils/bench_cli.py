@@ -44,6 +44,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .cli_types import nonneg_int, positive_float, positive_int
+
 __all__ = [
     "SubProblem",
     "RaggedCall",
@@ -481,36 +483,6 @@ def predict_step_ms(strategy: str, compute_ms, comm: Dict[str, int], link_gbps: 
 # ============================================================================ the CLI
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
-    return value
-
-
 def _int_list(minimum: int):
     def parse(text: str) -> List[int]:
         out = []
@@ -557,16 +529,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "the preset's own). Ring always uses stripe 1.")
     p.add_argument("--windows", type=_int_list(-1), default=None,
                    help="left sliding-window sizes, -1 = full causal, e.g. 8192,-1 (default: the preset's window and -1)")
-    p.add_argument("--iters", type=_positive_int, default=5, help="timed iterations (default 5, as TE's tutorial)")
-    p.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed warm-up iterations after compilation (default 2)")
+    p.add_argument("--iters", type=positive_int, default=5, help="timed iterations (default 5, as TE's tutorial)")
+    p.add_argument("--warmup", type=nonneg_int, default=2, help="untimed warm-up iterations after compilation (default 2)")
     p.add_argument("--out", default="results", help="folder for the record (default results/)")
     p.add_argument("--name", default=None, help="record file name (default <source>-<label>-<UTC time>.json)")
     p.add_argument("--label", default=None, help="record label (default derived from preset and devices)")
-    p.add_argument("--cp", type=_positive_int, default=None,
+    p.add_argument("--cp", type=positive_int, default=None,
                    help="CP size for real multi-device runs (default: the preset's cp_size)")
-    p.add_argument("--emulate-ranks", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--emulate-ranks", type=positive_int, default=None, metavar="N",
                    help="time each of N ranks' sub-problems on one device and predict the N-device step (emulated)")
-    p.add_argument("--link-gbps", type=_positive_float, default=None,
+    p.add_argument("--link-gbps", type=positive_float, default=None,
                    help="per-direction link bandwidth in GB/s for --emulate-ranks (default: the GPU's NVLink from "
                         "tutorial_utils.hardware, else 450)")
     p.add_argument("--kernel", choices=("auto", "reference", "te"), default="auto",

@@ -40,6 +40,8 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence
 
+from .cli_types import positive_int
+
 __all__ = ["initialize", "launch", "LaunchResult", "free_port", "child_env", "main", "EXIT_INIT_TIMEOUT",
            "EXIT_LAUNCH_TIMEOUT"]
 
@@ -585,16 +587,6 @@ def _parse_strategies(text: str) -> List[str]:
     return out
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tutorial_utils.launch",
@@ -602,17 +594,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start N processes on 127.0.0.1, one per device, each with COORDINATOR_ADDRESS, NUM_PROCESSES and "
                     "PROCESS_ID set; workers call tutorial_utils.launch.initialize(). If a rank fails or --timeout passes, "
                     "the others are stopped and the launcher exits non-zero naming the rank.")
-    p.add_argument("-n", "--nprocs", type=_positive, default=None, help="number of processes")
+    p.add_argument("-n", "--nprocs", type=positive_int, default=None, help="number of processes")
     p.add_argument("--timeout", type=float, default=None, help="overall wall-clock limit in seconds")
-    p.add_argument("--port", type=_positive, default=None, help="coordinator port (default: a free one)")
+    p.add_argument("--port", type=positive_int, default=None, help="coordinator port (default: a free one)")
     p.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
                    help="cpu: one host device per process with gloo collectives; gpu: one GPU per process")
-    p.add_argument("--cpu-devices-per-process", type=_positive, default=1)
-    p.add_argument("--init-timeout", type=_positive, default=DEFAULT_INIT_TIMEOUT,
+    p.add_argument("--cpu-devices-per-process", type=positive_int, default=1)
+    p.add_argument("--init-timeout", type=positive_int, default=DEFAULT_INIT_TIMEOUT,
                    help=f"seconds a rank waits for all peers to join (default {DEFAULT_INIT_TIMEOUT})")
-    p.add_argument("--heartbeat-timeout", type=_positive, default=DEFAULT_HEARTBEAT_TIMEOUT,
+    p.add_argument("--heartbeat-timeout", type=positive_int, default=DEFAULT_HEARTBEAT_TIMEOUT,
                    help=f"seconds without heartbeats before a rank counts as dead (default {DEFAULT_HEARTBEAT_TIMEOUT})")
-    p.add_argument("--shutdown-timeout", type=_positive, default=DEFAULT_SHUTDOWN_TIMEOUT)
+    p.add_argument("--shutdown-timeout", type=positive_int, default=DEFAULT_SHUTDOWN_TIMEOUT)
     p.add_argument("--on-failure", choices=("kill", "wait"), default="kill",
                    help="kill: stop the other ranks at the first failure (default); wait: let them fail on their own")
     p.add_argument("--skip-rank", type=int, action="append", default=[],
