@@ -110,13 +110,6 @@ def test_hlo_parser_on_handwritten_lines():
 # --------------------------------------------------------------------------------------------
 # against the HLO of tutorial_utils.context_parallel
 
-try:  # written in parallel by another contributor; skip (with the reason) until it imports
-    import tutorial_utils.context_parallel  # noqa: F401
-
-    _CP_IMPORT_ERROR = None
-except Exception as err:  # noqa: BLE001 - any import failure means "not ready yet"
-    _CP_IMPORT_ERROR = f"tutorial_utils.context_parallel cannot be imported yet ({err!r})"
-_HAVE_CP = _CP_IMPORT_ERROR is None
 
 HLO_SHAPE = dict(batch=1, seq_len=64, num_q_heads=8, num_kv_heads=4, head_dim=8, cp_size=4)
 
@@ -161,7 +154,6 @@ def _measured_by_op(text):
     return {op: v["bytes"] for op, v in got.items() if v["count"]}
 
 
-@pytest.mark.skipif(not _HAVE_CP, reason=str(_CP_IMPORT_ERROR))
 @pytest.mark.parametrize("strategy", ["ring", "allgather", "ulysses"])
 def test_compiled_hlo_collectives_match_reference_schedule(strategy):
     """float32 so that XLA:CPU keeps the collectives' element type (it widens bf16 ones to f32)."""
@@ -175,7 +167,6 @@ def test_compiled_hlo_collectives_match_reference_schedule(strategy):
     assert counts == want
 
 
-@pytest.mark.skipif(not _HAVE_CP, reason=str(_CP_IMPORT_ERROR))
 @pytest.mark.parametrize("strategy", ["ring", "allgather", "ulysses"])
 def test_lowered_bf16_hlo_collectives_match_reference_schedule(strategy):
     """The program as written (before XLA's passes), in bf16 as a GPU would run it.

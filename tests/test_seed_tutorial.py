@@ -8,8 +8,6 @@ checked against the single-device call of the same code.
 
 import pathlib
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

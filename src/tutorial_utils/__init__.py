@@ -13,4 +13,8 @@ from .reorder import (  # noqa: F401
 from .validation import validate_packed_inputs  # noqa: F401
 from .workload import PRESETS, Workload, get_workload, preset_from_env  # noqa: F401
 
+__all__ = [
+    "ReorderStrategy", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
+    "validate_packed_inputs", "PRESETS", "Workload", "get_workload", "preset_from_env",
+]
 __version__ = "0.1.0"

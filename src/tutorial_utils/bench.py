@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-__all__ = ["time_fn", "make_record", "attention_flops"]
+__all__ = ["time_fn", "make_record"]
 
 
 def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
@@ -44,12 +44,6 @@ def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
         "iters": iters,
         "warmup": warmup,
     }
-
-
-def attention_flops(visible_pairs: float, num_q_heads: int, head_dim: int, backward: bool = True) -> float:
-    """FLOPs for attention over ``visible_pairs`` (query, key) pairs per head: 4*d per pair forward, x3.5 with backward."""
-    fwd = 4.0 * head_dim * num_q_heads * float(visible_pairs)
-    return fwd * 3.5 if backward else fwd
 
 
 def make_record(label: str, source: str, config: dict, results: Sequence[dict], *, warmup: Optional[int] = None,

@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import datetime as _dt
 import functools
-import math
 import os
 import sys
 import time
@@ -55,7 +54,6 @@ __all__ = [
     "ring_ragged_calls",
     "ragged_visibility",
     "subproblem_visibility",
-    "segment_pairs",
     "visible_pairs",
     "emulate_strategy_reference",
     "comm_bytes",
@@ -66,45 +64,18 @@ __all__ = [
 
 STRATEGY_CHOICES = ("single", "ring", "allgather", "ulysses")
 DEFAULT_STRIPES = (1, 128, 512)
-DEFAULT_LINK_GBPS = 450.0  # NVLink4 per direction (H100/H200); see tutorial_utils.hardware when present
+DEFAULT_LINK_GBPS = 450.0  # NVLink4 per direction (H100/H200), used when tutorial_utils.hardware does not know the GPU
 
 
 # ============================================================================ work counting
 
 
-def segment_pairs(length: int, left: int) -> int:
-    """Visible (query, key) pairs of one causal segment of ``length`` tokens with left window ``left``.
-
-    ``sum_{i<L} min(i+1, W+1)``; ``left=-1`` means unbounded (``L(L+1)/2``).
-    """
-    length = int(length)
-    if length <= 0:
-        return 0
-    if left < 0 or left + 1 >= length:
-        return length * (length + 1) // 2
-    w = left + 1
-    return w * (w + 1) // 2 + (length - w) * w
-
-
 def visible_pairs(segment_ids, segment_pos, window=(-1, 0)) -> int:
-    """Visible pairs per head summed over the batch (``tutorial_utils.workcount`` when present).
+    """Visible pairs per head summed over the batch (exact count from :mod:`tutorial_utils.workcount`)."""
+    from .workcount import total_visible_pairs
 
-    The fallback assumes every segment's valid tokens have positions ``0..L-1`` (the THD
-    precondition) and uses :func:`segment_pairs` per segment.
-    """
     left = -1 if window is None else int(window[0])
-    try:
-        from .workcount import total_visible_pairs
-    except ImportError:
-        total_visible_pairs = None
-    if total_visible_pairs is not None:
-        return int(total_visible_pairs(np.asarray(segment_ids), np.asarray(segment_pos), (left, 0)))
-    ids = np.asarray(segment_ids)
-    total = 0
-    for row in ids:
-        counts = np.bincount(row[row > 0])
-        total += sum(segment_pairs(c, left) for c in counts if c)
-    return int(total)
+    return int(total_visible_pairs(np.asarray(segment_ids), np.asarray(segment_pos), (left, 0)))
 
 
 # ============================================================================ per-rank sub-problems
@@ -423,41 +394,16 @@ def emulate_strategy_reference(strategy: str, q, k, v, dout, segment_ids, segmen
 # ============================================================================ communication model
 
 
-def _dtype_bytes(dtype: str) -> int:
-    return {"bfloat16": 2, "float16": 2, "float32": 4}.get(str(dtype), 2)
-
-
 def comm_bytes(strategy: str, workload, cp_size: int) -> Dict[str, int]:
-    """Bytes one rank sends per step (``fwd``, ``bwd``) under TE's schedule (``tutorial_utils.comm`` when present)."""
+    """Bytes one rank sends per step (``fwd``, ``bwd``) under TE's schedule, from :mod:`tutorial_utils.comm`."""
     if strategy == "single" or cp_size == 1:
         return {"fwd": 0, "bwd": 0}
-    try:
-        from .comm import comm_volume
-    except ImportError:
-        comm_volume = None
-    if comm_volume is not None:
-        vol = comm_volume(strategy, batch=workload.batch, seq_len=workload.seq_len, num_q_heads=workload.num_q_heads,
-                          num_kv_heads=workload.num_kv_heads, head_dim=workload.head_dim, cp_size=cp_size,
-                          dtype=workload.dtype, schedule="te")
-        return {"fwd": int(vol.fwd_sent), "bwd": int(vol.bwd_sent)}
-    # Fallback: the same rules written out (see comm.py's docstring when it exists).
-    n = workload.seq_len // cp_size
-    eb = _dtype_bytes(workload.dtype)
-    kv = workload.batch * n * workload.num_kv_heads * workload.head_dim * eb
-    q = workload.batch * n * workload.num_q_heads * workload.head_dim * eb
-    ids = workload.batch * n * 4
-    cp = cp_size
-    if strategy == "ring":
-        fwd = (cp - 1) * (2 * kv + 2 * ids)
-        bwd = cp * 4 * kv + (cp - 1) * 2 * ids + 2 * kv
-    elif strategy == "allgather":
-        fwd = (cp - 1) * (2 * kv + 2 * ids)
-        bwd = (cp - 1) * (2 * kv + 2 * ids) + (cp - 1) * 2 * kv
-    else:  # ulysses
-        a2a = lambda x: (cp - 1) * x // cp  # noqa: E731
-        fwd = a2a(2 * q + 2 * kv) + (cp - 1) * 2 * ids
-        bwd = a2a(2 * q + 2 * kv)
-    return {"fwd": int(fwd), "bwd": int(bwd)}
+    from .comm import comm_volume
+
+    vol = comm_volume(strategy, batch=workload.batch, seq_len=workload.seq_len, num_q_heads=workload.num_q_heads,
+                      num_kv_heads=workload.num_kv_heads, head_dim=workload.head_dim, cp_size=cp_size,
+                      dtype=workload.dtype, schedule="te")
+    return {"fwd": int(vol.fwd_sent), "bwd": int(vol.bwd_sent)}
 
 
 def predict_step_ms(strategy: str, compute_ms, comm: Dict[str, int], link_gbps: float) -> Dict[str, float]:
@@ -770,11 +716,11 @@ def _time_cp(wl, data, case: _Case, cp: int, warmup, iters):
     ids_r, pos_r = jax.device_put(reorder(ids), t_sh), jax.device_put(reorder(pos), t_sh)
 
     if case.strategy == "ulysses":
-        kernel = None
-        if te.using_real_te():
-            def kernel(qq, kk, vv, iq, ik, pq, pk):  # per-rank full-sequence attention on a head slice
-                d = ta.SequenceDescriptor.from_segment_ids_and_pos((iq, ik), (pq, pk))
-                return _thd_fused(ta, qq, kk, vv, d, wl=wl, window=case.window, max_segments=wl.max_segments_per_seq), None
+        def te_kernel(qq, kk, vv, iq, ik, pq, pk):  # per-rank full-sequence attention on a head slice
+            d = ta.SequenceDescriptor.from_segment_ids_and_pos((iq, ik), (pq, pk))
+            return _thd_fused(ta, qq, kk, vv, d, wl=wl, window=case.window, max_segments=wl.max_segments_per_seq), None
+
+        kernel = te_kernel if te.using_real_te() else None
 
         def loss_fn(qkv_arg, ids_arg, pos_arg, dout_arg):
             out = context_parallel_attention(*qkv_arg, ids_arg, pos_arg, mesh=mesh, axis_name="cp", strategy="ulysses",
@@ -921,7 +867,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     import jax
 
     from . import te
-    from .bench import attention_flops, make_record
+    from .bench import make_record
+    from .workcount import attention_flops
     from .inputs import make_qkv, workload_segments
     from .records import write_record
 

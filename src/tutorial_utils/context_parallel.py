@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .reference import LSE_EMPTY, MaskSpec, blockwise_attention
+from .reference import MaskSpec, blockwise_attention
 from .reorder import ReorderStrategy, load_balancing_permutation
 from .validation import check_divisible_seq, check_gqa_heads, check_ulysses_heads, check_window
 

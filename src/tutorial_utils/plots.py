@@ -17,7 +17,7 @@ Colour conventions used throughout: light grey is padding (segment id 0), ranks 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Tuple
+from typing import Tuple
 
 import jax
 import jax.numpy as jnp
@@ -347,7 +347,6 @@ def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, 
     b, sq, hq, d = q.shape
     skv, hkv = k.shape[1], k.shape[2]
     check_gqa_heads(hq, hkv)
-    g = hq // hkv
     bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
     sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
     qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)

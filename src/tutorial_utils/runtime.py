@@ -114,11 +114,6 @@ def environment_record() -> dict:
         if smi:
             out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
             rec["gpu"] = out.stdout.strip()
-        try:
-            from jax.extend import backend as _backend  # noqa: F401
-
-            rec["cuda"] = _pkg_version("nvidia-cuda-runtime-cu12")
-            rec["cudnn"] = _pkg_version("nvidia-cudnn-cu12")
-        except Exception:  # noqa: BLE001
-            pass
+        rec["cuda"] = _pkg_version("nvidia-cuda-runtime-cu12")
+        rec["cudnn"] = _pkg_version("nvidia-cudnn-cu12")
     return rec

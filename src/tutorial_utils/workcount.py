@@ -369,7 +369,6 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
     tq, tk = _check_tile(tile) if tile is not None else (None, None)
     batch, seq = ids.shape
     order = local_token_order(seq, cp, layout, stripe)        # [cp, n]
-    n_loc = seq // cp
     coder = _Coder(ids, pos, left)
 
     # local (rank-major) views: [cp, batch, n]
