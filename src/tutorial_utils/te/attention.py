@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from ..validation import check_gqa_heads, check_window
 from ._backend import REAL_TE
-from .sharding import cp_axis_and_size
+from .sharding import batch_axes, cp_axis_and_size
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
@@ -421,7 +421,8 @@ else:
             out = context_parallel_attention(
                 q, k, v, ids_q, pos_q, mesh=mesh, axis_name=cp_axis, strategy=strategy, stripe_size=stripe_size,
                 load_balanced=context_parallel_causal_load_balanced, reorder_strategy=reorder, window_size=window,
-                scaling_factor=scale, causal=spec.causal, padding=padding, kv_segment_ids=ids_kv, kv_segment_pos=pos_kv)
+                scaling_factor=scale, causal=spec.causal, padding=padding, kv_segment_ids=ids_kv, kv_segment_pos=pos_kv,
+                batch_axis=batch_axes(mesh))
             max_logit = None
         elif bias_arr is not None:
             out, _ = dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, scale=scale, spec=spec, sink=sink, bias=bias_arr)

@@ -97,3 +97,22 @@ def cp_axis_and_size(context_parallel_axis: str = ""):
     if axis not in sizes:
         raise ValueError(f"context_parallel_axis={axis!r} is not an axis of the active mesh (axes {tuple(sizes)}); use one of them.")
     return mesh, axis, int(sizes[axis])
+
+
+def batch_axes(mesh):
+    """Mesh axes that shard the batch: ``MeshResource.dp_resource`` and ``fsdp_resource`` when active.
+
+    Returns ``None`` (batch replicated), one axis name, or a tuple of names, ready for a
+    ``PartitionSpec``.
+    """
+    if mesh is None:
+        return None
+    try:
+        resource = global_mesh_resource()
+    except (ValueError, AssertionError):
+        return None
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    names = [n for n in (resource.dp_resource, resource.fsdp_resource) if n and sizes.get(n, 1) > 1]
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else tuple(names)
