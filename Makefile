@@ -55,9 +55,10 @@ plan: $(STAMP)
 # without build isolation (needs the CUDA toolkit headers and cuDNN; see docs/gpu.md).
 gpu-setup:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[test,docs]' 'jax[cuda12]>=0.10,<0.11'
-	$(PY) -m pip install pybind11 ninja cmake
-	$(PY) -m pip install --no-build-isolation 'transformer-engine[jax]==2.20.2'
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install pybind11 ninja cmake 'jax[cuda12]>=0.10,<0.11'
+	NVTE_FRAMEWORK=jax $(PY) -m pip install --no-build-isolation 'transformer-engine[jax]==2.20.2'
+	$(PY) -m pip install -e '.[test,docs]'
 	touch $(STAMP)
 
 gpu-check:

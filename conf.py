@@ -5,7 +5,7 @@ narrative pages live in ``docs/`` and the chapters are the jupytext MyST noteboo
 ``notebooks/``. ``make docs`` runs ``python -m sphinx -b html -W --keep-going . _build/html``.
 
 Notebooks are executed by myst-nb in ``cache`` mode: jupyter-cache (in
-``_build/.jupyter_cache``) re-runs a notebook only when its code cells change, so a clean
+``_build/.jupyter_cache-<preset>-<backend>-<cpu|gpu>``) re-runs a notebook only when its code cells change, so a clean
 build executes every chapter and an unchanged rebuild re-executes nothing.
 """
 
@@ -51,6 +51,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax served from _static: formulas render offline
     "sphinx_copybutton",
     "sphinx_design",
 ]
@@ -77,7 +78,11 @@ myst_heading_anchors = 3
 
 # -- MyST-NB execution ---------------------------------------------------------------------------
 nb_execution_mode = "cache"
-nb_execution_cache_path = str(ROOT / "_build" / ".jupyter_cache")
+# One cache per (preset, backend): switching CP_TUTORIAL_PRESET or the backend re-executes
+# the chapters instead of reusing outputs made with another workload or on another machine.
+_CACHE_KEY = "-".join((os.environ.get("CP_TUTORIAL_PRESET", "default"),
+                       os.environ.get("TUTORIAL_TE_BACKEND", "auto"), "gpu" if gpu_present() else "cpu"))
+nb_execution_cache_path = str(ROOT / "_build" / f".jupyter_cache-{_CACHE_KEY}")
 nb_execution_raise_on_error = True
 nb_execution_allow_errors = False
 nb_execution_timeout = 600
@@ -190,7 +195,8 @@ html_theme_options = {
     "use_fullscreen_button": False,
     "use_repository_button": False,
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 # The theme's script rejects an empty mode on a first visit (a console error); start in light
 # mode so notebook figures (white backgrounds) read well. Readers can still switch.
 html_context = {"default_mode": "light"}

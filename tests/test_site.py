@@ -13,8 +13,8 @@ exists when the link has a fragment. Every chapter must print its ``Backend:`` l
 at least one figure.
 
 Requests to other hosts are never sent. They are answered with an empty body and listed in
-``test-artifacts/external-requests.json``. Only the hosts in ``EXTERNAL_HOSTS_ALLOWED``
-(MathJax's CDN) may appear; any other host fails the test, so a new one cannot slip in unseen.
+``test-artifacts/external-requests.json``. The site is self-contained (MathJax included), so
+any request to another host fails the test.
 
 Set ``CP_SITE_TEST_REUSE_BUILD=1`` to skip the clean build while iterating on the checks.
 The clean-build time is then recorded as ``null``.
@@ -61,8 +61,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# Sphinx's default MathJax URL; the request is answered locally with an empty script.
-EXTERNAL_HOSTS_ALLOWED = {"cdn.jsdelivr.net"}
+EXTERNAL_HOSTS_ALLOWED: set = set()  # MathJax is served from _static (sphinx-mathjax-offline)
 # Generated pages that are not content pages.
 SKIP_PAGES = {"search.html", "genindex.html", "py-modindex.html"}
 
@@ -207,6 +206,11 @@ _LINKS_JS = """
 """
 
 
+# Number of formulas MathJax typeset, after its start-up promise resolves (0 on pages without maths).
+_MATH_JS = """() => (window.MathJax && MathJax.startup && MathJax.startup.promise)
+    ? MathJax.startup.promise.then(() => document.querySelectorAll('mjx-container').length) : 0"""
+
+
 @dataclass
 class PageResult:
     rel: str
@@ -217,6 +221,7 @@ class PageResult:
     images: list = field(default_factory=list)
     links: list = field(default_factory=list)
     text: str = ""
+    math_rendered: int = 0
 
 
 @dataclass
@@ -264,6 +269,7 @@ def crawl(browser, server) -> Crawl:
         page.goto(f"{server}/{rel}", wait_until="load")
         page.wait_for_load_state("networkidle")
         res.images = page.evaluate(_IMAGES_JS)
+        res.math_rendered = page.evaluate(_MATH_JS)
         res.links = page.evaluate(_LINKS_JS)
         article = page.query_selector("article")
         res.text = (article or page.query_selector("body")).inner_text()
@@ -389,6 +395,13 @@ def test_chapter_shows_backend_and_figure(crawl, chapter):
     assert "Backend:" in res.text, f"{chapter} does not print its 'Backend:' line"
     figures = [img for img in res.images if img["inArticle"] and img["width"] > 0]
     assert figures, f"{chapter} shows no rendered figure (no <img> with naturalWidth > 0 in the article)"
+
+
+def test_formulas_render_offline(crawl):
+    """Chapter 6 writes its formulas in $...$; MathJax (served locally) must typeset them."""
+    res = crawl.pages.get("notebooks/06_when_does_cp_pay_off.html")
+    assert res is not None
+    assert res.math_rendered > 0, "no MathJax output on chapter 6: formulas would show as raw TeX"
 
 
 def test_screenshots_saved(crawl):
