@@ -40,6 +40,24 @@ How the model works:
   (so times scale with 1 / dense peak); the ``"fixed"`` overhead is scaled by the peak
   ratio too. That is an assumption: FlashAttention-3 reports Hopper reaching 50-75 % of
   peak, more than the ~39 % fitted here, so H100/H200 predictions are likely pessimistic.
+
+Memory (:func:`memory_bytes`) is counted, not fitted: the per-rank peak bytes of the
+attention tensors only (weights, optimizer state and the rest of the model's activations
+come on top), as the larger of two phases:
+
+* forward: the local Q, K, V, O shards, the fp32 softmax statistics (one LSE per query row
+  and head) and the int32 segment ids and positions, plus the strategy's forward buffers;
+* backward: the same plus dO, dQ, dK, dV, plus the strategy's backward buffers.
+
+Strategy buffers (TE's THD primitives in ``transformer_engine/jax/cpp_extensions/attention.py``):
+AllGather holds the gathered full-length K, V, ids and pos (forward; re-gathered in
+backward) and, in backward, the full-length dK, dV before the reduce-scatter. Ring (the
+striped THD ring) holds one K|V block in flight (double buffering) with its ids/pos, and in
+forward the fp32 running output, one step's partial output and its LSE; in backward the
+stacked ``[K|V, dK|dV]`` block in flight plus one step's dQ and dK|dV. Ulysses holds the
+head-sharded full-sequence Q, K, V, O (``hq/cp`` and ``hkv/cp`` heads) and LSE, the
+gathered ids/pos, and in backward the head-sharded dO, dQ, dK, dV. Short-lived copies
+(e.g. the striped reorder of the gathered K/V) and allocator slack are not counted.
 """
 
 from __future__ import annotations
@@ -63,6 +81,7 @@ __all__ = [
     "predict_single",
     "predict",
     "predict_all",
+    "memory_bytes",
     "DEFAULT_TILE",
 ]
 
@@ -212,6 +231,72 @@ def fit_calibration(form: str = "scale", tile=DEFAULT_TILE) -> Calibration:
 
 
 # --------------------------------------------------------------------------------------------
+# memory
+
+_LSE_BYTES = 4   # TE's softmax_aux: float32, one value per query row and head
+_ID_BYTES = 4    # int32 segment ids and segment positions
+MEMORY_STRATEGIES = ("single", "ring", "allgather", "ulysses")
+
+
+def memory_bytes(workload, strategy: str = "single", *, cp_size: Optional[int] = None) -> dict:
+    """Peak bytes of the attention tensors on one rank, itemized per phase.
+
+    Why: CP is often needed because one GPU cannot *hold* the sequence, not because it is
+    slow; a time prediction for a configuration that does not fit in HBM is meaningless.
+    ``strategy='single'`` is one device holding the whole workload (``cp_size`` ignored).
+    Returns ``peak_bytes``, ``peak_phase`` (``'fwd'`` or ``'bwd'``), ``fwd_bytes``,
+    ``bwd_bytes`` and the items of each phase (``fwd``, ``bwd``: name -> bytes); the
+    module docstring lists what each strategy holds.
+    """
+    wl = get_workload(workload) if isinstance(workload, str) else workload
+    if not isinstance(wl, Workload):
+        raise ValueError(f"workload={workload!r} must be a Workload or a preset name such as 'seed'.")
+    if strategy not in MEMORY_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is unknown; use one of {MEMORY_STRATEGIES}.")
+    cp = 1 if strategy == "single" else (wl.cp_size if cp_size is None else cp_size)
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"cp_size must be a positive integer, got cp_size={cp!r}.")
+    if wl.seq_len % cp:
+        raise ValueError(f"seq_len={wl.seq_len} is not divisible by cp_size={cp}; pad rows to a multiple of {cp}.")
+    e = dtype_bytes(wl.dtype)
+    tokens = wl.batch * wl.seq_len // cp                   # local tokens (all rows)
+    q = tokens * wl.num_q_heads * wl.head_dim * e          # one of Q, O, dO, dQ (local shard)
+    kv = tokens * wl.num_kv_heads * wl.head_dim * e        # one of K, V, dK, dV (local shard)
+    lse = tokens * wl.num_q_heads * _LSE_BYTES             # softmax statistics of the local queries
+    ids = tokens * _ID_BYTES                               # one of segment ids, segment pos (local)
+    fwd = {"Q": q, "K,V": 2 * kv, "O": q, "LSE (fp32)": lse, "segment ids,pos (int32)": 2 * ids}
+    bwd = dict(fwd, **{"dO": q, "dQ": q, "dK,dV": 2 * kv})
+    if strategy == "ring":
+        fwd["ring: K|V block in flight"] = 2 * kv
+        fwd["ring: ids,pos in flight"] = 2 * ids
+        fwd["ring: fp32 running O"] = tokens * wl.num_q_heads * wl.head_dim * 4
+        fwd["ring: one step's O"] = q
+        fwd["ring: one step's LSE"] = lse
+        bwd["ring: [K|V, dK|dV] block in flight"] = 4 * kv
+        bwd["ring: ids,pos in flight"] = 2 * ids
+        bwd["ring: one step's dQ"] = q
+        bwd["ring: one step's dK|dV"] = 2 * kv
+    elif strategy == "allgather":
+        for phase in (fwd, bwd):
+            phase["allgather: gathered K,V"] = 2 * cp * kv
+            phase["allgather: gathered ids,pos"] = 2 * cp * ids
+        bwd["allgather: full-length dK,dV"] = 2 * cp * kv
+    elif strategy == "ulysses":
+        # head-sharded, full sequence: batch * seq_len * (heads / cp) = tokens * heads elements
+        for phase in (fwd, bwd):
+            phase["ulysses: head-sharded Q,O"] = 2 * q
+            phase["ulysses: head-sharded K,V"] = 2 * kv
+            phase["ulysses: head-sharded LSE"] = lse
+            phase["ulysses: gathered ids,pos"] = 2 * cp * ids
+        bwd["ulysses: head-sharded dO,dQ"] = 2 * q
+        bwd["ulysses: head-sharded dK,dV"] = 2 * kv
+    f, b = int(sum(fwd.values())), int(sum(bwd.values()))
+    return {"strategy": strategy, "cp_size": cp, "peak_bytes": max(f, b), "peak_phase": "bwd" if b >= f else "fwd",
+            "fwd_bytes": f, "bwd_bytes": b, "fwd": {k: int(v) for k, v in fwd.items()},
+            "bwd": {k: int(v) for k, v in bwd.items()}}
+
+
+# --------------------------------------------------------------------------------------------
 # predictions
 
 
@@ -233,6 +318,7 @@ class Prediction:
     imbalance: Optional[float] = None
     tile_efficiency: Optional[float] = None
     measured: bool = False
+    memory_bytes_per_rank: Optional[int] = None
 
     def as_dict(self) -> dict:
         """Plain-JSON view of the prediction and its breakdown."""
@@ -319,14 +405,19 @@ def _resolve(workload, hardware, calibration):
 
 
 def predict_single(workload, hardware="GB200", calibration: Optional[Calibration] = None) -> dict:
-    """Predicted one-GPU fwd+bwd time of the whole workload (``predicted_ms``, ``tflops``, ``tiles``)."""
+    """Predicted one-GPU fwd+bwd time of the whole workload (``predicted_ms``, ``tflops``, ``tiles``).
+
+    ``memory_bytes`` is the one device's peak attention memory (:func:`memory_bytes`); the
+    time is predicted whether or not that fits in HBM, so callers must check.
+    """
     wl, hw, cal = _resolve(workload, hardware, calibration)
     wc = _wl_counts(wl, 1, "contiguous", 1, cal.tile)
     tiles = int(wc.allgather_tiles[0])
     ms = tiles * _tile_seconds(wl, hw, cal.eta, cal.tile) * 1e3
     useful = wc.total_pairs * 4.0 * wl.head_dim * wl.num_q_heads * (1 + BWD_FWD_RATIO)
     return {"predicted_ms": ms, "tiles": tiles, "visible_pairs": wc.total_pairs, "flops": useful,
-            "tflops_per_s": useful / (ms * 1e-3) / 1e12, "tile_efficiency": wc.tile_efficiency("allgather")}
+            "tflops_per_s": useful / (ms * 1e-3) / 1e12, "tile_efficiency": wc.tile_efficiency("allgather"),
+            "memory_bytes": memory_bytes(wl, "single")["peak_bytes"]}
 
 
 def _applicability(wl: Workload, strategy: str, stripe: Optional[int], cp: int) -> str:
@@ -383,7 +474,8 @@ def predict(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware
         "model prediction (unmeasured strategy: shared CP factor)" if strategy == "ulysses" else "model prediction")
     return Prediction(strategy, stripe, cp, hw.name, True, note, predicted_ms=total, single_ms=single,
                       speedup=single / total, bytes_per_rank=int(p["_bytes"]), breakdown=breakdown,
-                      imbalance=float(p["_imbalance"]), tile_efficiency=float(p["_tile_eff"]), measured=measured)
+                      imbalance=float(p["_imbalance"]), tile_efficiency=float(p["_tile_eff"]), measured=measured,
+                      memory_bytes_per_rank=memory_bytes(wl, strategy, cp_size=cp)["peak_bytes"])
 
 
 def predict_all(workload, *, hardware="GB200", stripes=(1, 64, 128, 256, 512, 1024), cp_size: Optional[int] = None,

@@ -34,6 +34,11 @@ class HardwareProfile:
         return self.bf16_dense_tflops * 1e12
 
     @property
+    def hbm_bytes(self) -> float:
+        """HBM capacity in bytes (vendors quote decimal GB: 141 GB = 141e9 bytes)."""
+        return self.hbm_gb * 1e9
+
+    @property
     def link_bytes_per_s(self) -> float:
         """NVLink bytes/s one GPU can send (or receive) at once."""
         return self.nvlink_gbps_per_direction * 1e9
