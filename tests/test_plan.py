@@ -1,5 +1,6 @@
 """The advisor CLI, the cost model behind it, the hardware table and the published record."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.costmodel import PUBLISHED_GB200, fit_calibration, predict, predict_single
+from tutorial_utils.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
 from tutorial_utils.hardware import PROFILES, get_hardware
-from tutorial_utils.plan import plan
+from tutorial_utils.plan import build_workload, format_table, plan
 from tutorial_utils.workload import get_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,14 +55,17 @@ def test_cli_json_rows_have_the_promised_fields(seed_gb200):
     res = seed_gb200
     assert {r["strategy"] for r in res["rows"]} == {"ring", "allgather", "ulysses"}
     for r in res["rows"]:
-        for key in ("strategy", "stripe_size", "predicted_ms", "speedup", "bytes_per_rank"):
+        for key in ("strategy", "stripe_size", "predicted_ms", "speedup", "bytes_per_rank", "memory_bytes_per_rank",
+                    "fits_hbm"):
             assert key in r
-        assert r["predicted_ms"] > 0 and r["bytes_per_rank"] > 0
+        assert r["predicted_ms"] > 0 and r["bytes_per_rank"] > 0 and r["memory_bytes_per_rank"] > 0
         assert r["speedup"] == pytest.approx(res["single_ms"] / r["predicted_ms"])
     assert [r["stripe_size"] for r in res["rows"] if r["strategy"] == "ring"] == [1]
+    assert res["single_memory_bytes"] > 0 and res["single_fits_hbm"] is True
+    assert res["notes"] == [] and res["warnings"] == []      # the preset as published: nothing to flag
     rec = res["recommendation"]
     assert rec["strategy"] in ("ring", "allgather", "ulysses", "single") and rec["reason"]
-    best = min(res["rows"], key=lambda r: r["predicted_ms"])
+    best = min((r for r in res["rows"] if r["fits_hbm"]), key=lambda r: r["predicted_ms"])
     assert (rec["strategy"], rec["stripe_size"]) == (best["strategy"], best["stripe_size"])
 
 
@@ -180,3 +184,129 @@ def test_published_record_matches_the_constants_and_the_schema():
     except ImportError:  # pragma: no cover - written in parallel
         return
     validate_record(rec)
+
+
+# --------------------------------------------------------------------------------------------
+# long rows: slot structure, padding warning, memory against HBM
+
+SEED_1M = ("--preset", "seed", "--hardware", "H200", "--seq-len", "1048576")
+
+
+@pytest.fixture(scope="module")
+def seed_1m_h200():
+    proc = _cli(*SEED_1M, "--json")
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_seq_len_alone_keeps_the_presets_fill_and_says_so(seed_1m_h200):
+    res, _ = seed_1m_h200
+    wl = res["workload"]
+    # seed: 4 slots of 16,384 with 12,288 valid (75 %); at 1,048,576 tokens a slot is 262,144 long
+    assert (wl["seq_len"], wl["segments_per_row"], wl["valid_per_slot"]) == (1048576, 4, 196608)
+    assert wl["window"] == [8192, 0]                      # the model's window is not a slot property
+    assert len(res["notes"]) == 1 and "196608" in res["notes"][0] and "75.0%" in res["notes"][0]
+    assert not any("padding" in w for w in res["warnings"])
+
+
+def test_unscaled_long_row_warns_that_it_is_mostly_padding():
+    proc = _cli(*SEED_1M, "--valid", "12288", "--json")
+    res = json.loads(proc.stdout)
+    assert res["workload"]["valid_per_slot"] == 12288 and res["notes"] == []
+    pad = [w for w in res["warnings"] if "padding" in w]
+    assert len(pad) == 1 and "95.3%" in pad[0]            # 1 - 12,288 / 262,144 = 0.953
+    assert "padding" in proc.stderr                      # --json keeps stdout one object; warnings also go to stderr
+    text = _cli(*SEED_1M, "--valid", "12288").stdout
+    assert "Warning: 95.3% of every row is padding" in text
+
+
+def test_scaling_rule_and_padding_threshold_in_build_workload():
+    none = dict.fromkeys(("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim", "segments_per_row",
+                          "valid_per_slot", "cp_size", "dtype", "window"))
+    wl, notes = build_workload("seed", dict(none, segments_per_row=8))     # slots of 8,192 -> 6,144 valid
+    assert (wl.segments_per_row, wl.valid_per_slot) == (8, 6144) and notes
+    wl, notes = build_workload("seed", dict(none, seq_len=65536))           # same slot length: nothing derived
+    assert wl.valid_per_slot == 12288 and notes == []
+    wl, notes = build_workload("seed", dict(none, seq_len=131072, valid_per_slot=32768))   # given: kept
+    assert wl.valid_per_slot == 32768 and notes == []
+    assert not [w for w in plan(wl)["warnings"] if "padding" in w]          # exactly half padding: no warning
+    wl = get_workload("seed", valid_per_slot=8191)
+    assert [w for w in plan(wl)["warnings"] if "padding" in w]
+
+
+def test_help_documents_the_scaling_rule():
+    out = _cli("--help").stdout
+    assert "round(fill x slot length)" in out and "padding" in out and ">HBM" in out
+
+
+def test_seed_memory_matches_a_hand_count(seed_gb200):
+    # seed, cp=4, bf16: each rank holds T = 2 rows x 65,536 / 4 = 32,768 tokens
+    T = 2 * 65536 // 4
+    q = T * 128 * 128 * 2        # one of Q, O, dO, dQ: 1,073,741,824 B
+    kv = T * 8 * 128 * 2         # one of K, V, dK, dV:    67,108,864 B
+    lse = T * 128 * 4            # fp32 LSE per query row and head: 16,777,216 B
+    ids = T * 4                  # int32 segment ids (or pos):         131,072 B
+    fwd_base = 2 * q + 2 * kv + lse + 2 * ids            # Q, O, K, V, LSE, ids, pos = 2,298,740,736
+    bwd_base = fwd_base + 2 * q + 2 * kv                 # + dO, dQ, dK, dV          = 4,580,442,112
+    # AllGather backward: gathered K, V (4 x kv each), gathered ids, pos, full-length dK, dV before reduce-scatter
+    ag = bwd_base + 2 * 4 * kv + 2 * 4 * ids + 2 * 4 * kv
+    assert ag == 5_655_232_512
+    # Ring backward: [K|V, dK|dV] in flight, ids/pos in flight, one step's dQ and dK|dV
+    ring_bwd = bwd_base + 4 * kv + 2 * ids + q + 2 * kv
+    # Ring forward: K|V in flight, ids/pos in flight, fp32 running O (2 x q in bf16), one step's O and LSE
+    ring_fwd = fwd_base + 2 * kv + 2 * ids + 2 * q + q + lse
+    assert (ring_fwd, ring_bwd) == (5_671_223_296, 6_057_099_264)
+    single = 4 * (4 * q) + 4 * (4 * kv) + 4 * lse + 2 * (4 * ids)   # one device, whole batch, backward
+    assert single == 18_321_768_448
+
+    assert memory_bytes("seed", "allgather")["peak_bytes"] == ag
+    m = memory_bytes("seed", "ring")
+    assert (m["fwd_bytes"], m["bwd_bytes"], m["peak_phase"]) == (ring_fwd, ring_bwd, "bwd")
+    assert memory_bytes("seed", "single")["peak_bytes"] == single
+    assert seed_gb200["single_memory_bytes"] == single
+    assert _row(seed_gb200, "allgather", 512)["memory_bytes_per_rank"] == ag
+    assert _row(seed_gb200, "allgather", 1)["memory_bytes_per_rank"] == ag       # stripes do not change bytes
+    assert _row(seed_gb200, "ring", 1)["memory_bytes_per_rank"] == ring_bwd
+    assert all(r["fits_hbm"] for r in seed_gb200["rows"])                      # < 10 GB each on a 186 GB GPU
+
+
+def test_one_million_tokens_do_not_fit_one_h200(seed_1m_h200):
+    res, stderr = seed_1m_h200
+    T = 2 * 1048576              # one device holds both rows
+    q, kv, lse, ids = T * 128 * 128 * 2, T * 8 * 128 * 2, T * 128 * 4, T * 4
+    single = 4 * q + 4 * kv + lse + 2 * ids               # backward peak: Q,O,dO,dQ + K,V,dK,dV + LSE + ids,pos
+    assert single == 293_148_295_168 > 141e9              # 293 GB on a 141 GB H200
+    assert res["single_memory_bytes"] == single and res["single_fits_hbm"] is False
+    assert res["hbm_bytes"] == 141e9
+    assert any("hypothetical" in w for w in res["warnings"]) and "hypothetical" in stderr
+    rec = res["recommendation"]
+    assert "hypothetical" in rec["reason"]
+    # per rank (cp=4): AllGather adds full-length K, V, dK, dV and ids, pos -> 90.5 GB, fits;
+    # Ulysses adds head-sharded Q,O,dO,dQ (q/4 each), K,V,dK,dV (kv/4 each), LSE (lse/4), full ids, pos -> 146.6 GB
+    ag = single // 4 + 4 * kv + 2 * ids
+    ul = single // 4 + 4 * (q // 4) + 4 * (kv // 4) + lse // 4 + 2 * ids
+    assert (ag, ul) == (90_483_720_192, 146_586_730_496)
+    assert _row(res, "allgather", 128)["memory_bytes_per_rank"] == ag and _row(res, "allgather", 128)["fits_hbm"]
+    assert _row(res, "ulysses", None)["memory_bytes_per_rank"] == ul and not _row(res, "ulysses", None)["fits_hbm"]
+    chosen = _row(res, rec["strategy"], rec["stripe_size"])
+    assert chosen["fits_hbm"]
+    assert chosen["predicted_ms"] == min(r["predicted_ms"] for r in res["rows"] if r["fits_hbm"])
+
+
+def test_recommendation_skips_a_faster_row_that_does_not_fit():
+    mha = get_workload("seed", num_kv_heads=128, stripe_size=1)
+    roomy = plan(mha, hardware="GB200")
+    assert roomy["recommendation"]["strategy"] == "ulysses"          # fastest when memory is no object
+    ul = _row(roomy, "ulysses", None)["memory_bytes_per_rank"]
+    ring = _row(roomy, "ring", 1)["memory_bytes_per_rank"]
+    assert ring < ul
+    small = dataclasses.replace(PROFILES["GB200"], hbm_gb=(ring + ul) / 2 / 1e9)   # ring fits, Ulysses does not
+    res = plan(mha, hardware=small)
+    rec = res["recommendation"]
+    assert rec["strategy"] != "ulysses" and _row(res, rec["strategy"], rec["stripe_size"])["fits_hbm"]
+    assert "over HBM: ulysses" in rec["reason"]
+    assert "ulysses" in " ".join(res["warnings"])
+    tiny_hbm = dataclasses.replace(PROFILES["GB200"], hbm_gb=1.0)
+    res = plan(mha, hardware=tiny_hbm)
+    assert res["recommendation"]["strategy"] == "none" and "nothing fits" in res["recommendation"]["reason"]
+    text = format_table(res)
+    assert ">HBM" in text and "does NOT fit" in text

@@ -2,9 +2,17 @@
 
 Why: before booking GPUs, a user wants to know which strategy and stripe size to try
 first and what speedup to expect. This prints the cost model's table (time, speedup,
-bytes each rank sends, where the gap to the ideal goes) and one recommendation with its
-reason. Every number is a *model prediction* (see :mod:`tutorial_utils.costmodel` for
-what was fitted on which published measurement).
+bytes each rank sends, peak attention memory per rank against the GPU's HBM, where the gap
+to the ideal goes) and one recommendation with its reason. Every time is a *model
+prediction* (see :mod:`tutorial_utils.costmodel` for what was fitted on which published
+measurement); memory is counted, not fitted. Configurations that do not fit in HBM are
+marked and never recommended.
+
+Shape flags keep the preset's slot structure: a new ``--seq-len`` (or ``--segments``)
+without ``--valid`` keeps the preset's slots per row and its fill, so
+``valid_per_slot = round(fill * slot_len)`` (the seed preset at ``--seq-len 1048576``: 4
+slots of 262,144 tokens, 196,608 valid). The result carries this as a note, and a warning
+whenever more than half of a row is padding.
 
 Examples::
 
@@ -21,13 +29,16 @@ import json
 import sys
 from typing import List, Optional, Sequence
 
-from .costmodel import fit_calibration, predict_all, predict_single
+from .costmodel import fit_calibration, memory_bytes, predict_all, predict_single
 from .hardware import PROFILES, get_hardware
 from .workload import PRESETS, Workload, get_workload
 
-__all__ = ["plan", "format_table", "main", "DEFAULT_STRIPES"]
+__all__ = ["plan", "format_table", "main", "DEFAULT_STRIPES", "build_workload", "PADDING_WARN_FRACTION"]
 
 DEFAULT_STRIPES = (1, 64, 128, 256, 512, 1024)
+
+#: warn when more than this fraction of every row is padding
+PADDING_WARN_FRACTION = 0.5
 
 _FIELD_FOR_ARG = {
     "batch": "batch", "seq_len": "seq_len", "q_heads": "num_q_heads", "kv_heads": "num_kv_heads",
@@ -62,10 +73,34 @@ def _check_relations(values: dict) -> None:
         raise ValueError(f"--seq-len={seq} is not divisible by --cp={values['cp_size']}; pad rows to a multiple of the CP size.")
 
 
-def _build_workload(preset: str, overrides: dict) -> Workload:
+def _scaled_valid(fill: float, slot_len: int) -> int:
+    """Valid tokens per slot at the preset's fill (round half up, at least 1, at most the slot)."""
+    return max(1, min(slot_len, int(fill * slot_len + 0.5)))
+
+
+def build_workload(preset: str, overrides: dict):
+    """The preset with CLI overrides applied, and notes on what was derived: ``(workload, notes)``.
+
+    Why: ``--seq-len 1048576`` alone should describe a longer row *of the same kind*, not
+    the preset's few valid tokens lost in a row of padding. When the slot length changes
+    (``seq_len`` or ``segments_per_row``) and ``valid_per_slot`` is not given, the preset's
+    fill ``valid_per_slot / slot_len`` is kept. Keys are Workload field names (``None`` =
+    not given) plus ``window``.
+    """
     base = get_workload(preset)
     changes = {k: v for k, v in overrides.items() if v is not None}
     merged = {f: changes.get(f, getattr(base, f)) for f in _FIELD_FOR_ARG.values()}
+    notes = []
+    slot_changed = "seq_len" in changes or "segments_per_row" in changes
+    seq, seg = merged["seq_len"], merged["segments_per_row"]
+    if (slot_changed and "valid_per_slot" not in changes and isinstance(seq, int) and isinstance(seg, int)
+            and seq > 0 and seg > 0 and seq % seg == 0 and seq // seg != base.slot_len):
+        fill = base.valid_per_slot / base.slot_len
+        valid = _scaled_valid(fill, seq // seg)
+        changes["valid_per_slot"] = merged["valid_per_slot"] = valid
+        notes.append(f"slot structure scaled: {seg} slots of {seq // seg:,} tokens per row at the '{preset}' preset's fill "
+                     f"{fill:.1%}, so --valid {valid} (= round({fill:g} x {seq // seg:,})); pass --valid to choose "
+                     f"another; the window {tuple(changes.get('window') or base.window)} is unchanged.")
     _check_relations(merged)
     if "window" in changes:
         changes["window"] = tuple(changes["window"])
@@ -74,7 +109,7 @@ def _build_workload(preset: str, overrides: dict) -> Workload:
         changes.setdefault("stripe_size", 1)
         changes.setdefault("ring_stripe_size", 1)
         changes["name"] = f"{preset}+custom"
-    return base.replace(**changes) if changes else base
+    return (base.replace(**changes) if changes else base), notes
 
 
 def _check_stripes(stripes: Sequence) -> List[int]:
@@ -88,12 +123,30 @@ def _check_stripes(stripes: Sequence) -> List[int]:
     return out
 
 
-def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES, form: str = "scale") -> dict:
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def _padding_warning(wl: Workload) -> Optional[str]:
+    pad = 1.0 - wl.valid_per_slot / wl.slot_len
+    if pad <= PADDING_WARN_FRACTION:
+        return None
+    return (f"{pad:.1%} of every row is padding ({wl.segments_per_row} slots x {wl.valid_per_slot:,} valid of "
+            f"{wl.slot_len:,} tokens): memory and bytes moved count every token, attention work only the valid "
+            f"ones, so the times and speedups describe mostly empty rows. If that is not the workload you mean, "
+            f"set --valid (valid tokens per slot) or --segments.")
+
+
+def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES, form: str = "scale",
+         notes: Sequence[str] = ()) -> dict:
     """The advisor's result as one JSON-ready dict: ``single_ms``, ``rows``, ``skipped``, ``recommendation``.
 
     Why: the CLI, the notebook and the tests all need the same table; building it once
     keeps them consistent. ``rows`` holds applicable configurations only; ``skipped`` says
-    why the others cannot run (e.g. Ring with stripe > 1).
+    why the others cannot run (e.g. Ring with stripe > 1). Each row and the single device
+    carry the peak attention memory per rank and whether it fits the GPU's HBM; the
+    recommendation only picks rows that fit. ``notes`` (passed through, e.g. how the CLI
+    derived the shape) and ``warnings`` (padding-dominated rows, memory) say what to check.
     """
     wl = get_workload(workload) if isinstance(workload, str) else workload
     if not isinstance(wl, Workload):
@@ -103,17 +156,33 @@ def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES
     stripes = _check_stripes(stripes)
     single = predict_single(wl, hw, cal)
     preds = predict_all(wl, hardware=hw, stripes=stripes, calibration=cal)
+    hbm = hw.hbm_bytes
     rows, skipped = [], []
     for p in preds:
         if not p.applicable:
             skipped.append({"strategy": p.strategy, "stripe_size": p.stripe_size, "reason": p.reason})
             continue
+        mem = memory_bytes(wl, p.strategy, cp_size=p.cp_size)
         rows.append({
             "strategy": p.strategy, "stripe_size": p.stripe_size, "cp_size": p.cp_size,
             "predicted_ms": p.predicted_ms, "speedup": p.speedup, "bytes_per_rank": p.bytes_per_rank,
+            "memory_bytes_per_rank": mem["peak_bytes"], "memory_peak_phase": mem["peak_phase"],
+            "fits_hbm": mem["peak_bytes"] <= hbm, "memory_breakdown": {"fwd": mem["fwd"], "bwd": mem["bwd"]},
             "imbalance": p.imbalance, "tile_efficiency": p.tile_efficiency, "breakdown": p.breakdown,
             "fitted_point": p.measured, "note": p.reason,
         })
+    single_mem = single["memory_bytes"]
+    single_fits = single_mem <= hbm
+    warnings = [w for w in (_padding_warning(wl),) if w]
+    if not single_fits:
+        warnings.append(f"one {hw.name} cannot hold this workload's attention tensors ({_gb(single_mem)} > "
+                        f"{_gb(hbm)} HBM): the one-GPU time and every speedup are against a hypothetical GPU "
+                        "with enough memory.")
+    over = [r for r in rows if not r["fits_hbm"]]
+    if over:
+        warnings.append(f"{len(over)} of {len(rows)} CP configurations need more than the {_gb(hbm)} of HBM per rank "
+                        f"({', '.join(sorted({r['strategy'] for r in over}))}); they are marked '>HBM' and not "
+                        "recommended.")
     return {
         "kind": "model prediction",
         "workload": wl.as_dict(),
@@ -121,9 +190,15 @@ def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES
         "hardware_profile": hw.as_dict(),
         "single_ms": single["predicted_ms"],
         "single_tflops_per_s": single["tflops_per_s"],
+        "single_memory_bytes": single_mem,
+        "single_fits_hbm": single_fits,
+        "hbm_bytes": hbm,
         "rows": rows,
         "skipped": skipped,
-        "recommendation": _recommend(rows, single["predicted_ms"], cal),
+        "recommendation": _recommend(rows, single["predicted_ms"], cal, single_fits=single_fits,
+                                     single_mem=single_mem, hbm=hbm),
+        "notes": list(notes),
+        "warnings": warnings,
         "calibration": cal.as_dict(),
     }
 
@@ -152,30 +227,53 @@ def _tiny_note(single_ms: float) -> str:
             "dominate, so these predictions say little.")
 
 
-def _recommend(rows: list, single_ms: float, cal) -> dict:
-    if not rows:
-        return {"strategy": "single", "stripe_size": None, "predicted_ms": single_ms, "speedup": 1.0,
-                "reason": "no CP configuration is applicable to this workload (see 'skipped'); run on one GPU."}
-    ranked = sorted(rows, key=lambda r: r["predicted_ms"])
+def _label(row: dict) -> str:
+    return row["strategy"] + (f" stripe {row['stripe_size']}" if row["stripe_size"] is not None else "")
+
+
+def _recommend(rows: list, single_ms: float, cal, *, single_fits: bool = True, single_mem: float = 0.0,
+               hbm: float = float("inf")) -> dict:
+    fitting = [r for r in rows if r.get("fits_hbm", True)]
+    single = {"strategy": "single", "stripe_size": None, "predicted_ms": single_ms, "speedup": 1.0}
+    none = {"strategy": "none", "stripe_size": None, "predicted_ms": None, "speedup": None}
+    if not fitting:
+        why = ("no CP configuration is applicable to this workload (see 'skipped')" if not rows else
+               f"no applicable CP configuration fits in {_gb(hbm)} of HBM per rank (smallest needs "
+               f"{_gb(min(r['memory_bytes_per_rank'] for r in rows))})")
+        if single_fits:
+            return dict(single, reason=f"{why}; run on one GPU.")
+        return dict(none, reason=(f"{why}, and one GPU needs {_gb(single_mem)}: nothing fits. Use more GPUs "
+                                  "(--cp), a smaller batch, or shorter rows."))
+    ranked = sorted(fitting, key=lambda r: r["predicted_ms"])
     best = ranked[0]
-    label = f"{best['strategy']}" + (f" stripe {best['stripe_size']}" if best["stripe_size"] is not None else "")
-    if best["speedup"] < 1.0:
-        return {"strategy": "single", "stripe_size": None, "predicted_ms": single_ms, "speedup": 1.0,
-                "reason": (f"CP does not pay off: the best CP configuration ({label}, {_ms(best['predicted_ms'])}) is "
-                           f"predicted slower than one GPU ({_ms(single_ms)}); its largest loss is {_gap_driver(best)}."
-                           + _tiny_note(single_ms))}
-    reason = (f"fastest predicted: {_ms(best['predicted_ms'])}, {best['speedup']:.2f}x over one GPU "
-              f"({_ms(single_ms)}); the largest loss against the ideal {_ms(best['breakdown']['ideal_ms'])} "
-              f"is {_gap_driver(best)}.")
+    label = _label(best)
+    faster_over = [r for r in rows if not r.get("fits_hbm", True) and r["predicted_ms"] < best["predicted_ms"]]
+    over_note = ""
+    if faster_over:
+        f = min(faster_over, key=lambda r: r["predicted_ms"])
+        over_note = (f" Faster but over HBM: {_label(f)} ({_ms(f['predicted_ms'])}, needs "
+                     f"{_gb(f['memory_bytes_per_rank'])} per rank > {_gb(hbm)}).")
+    hypothetical = ""
+    if not single_fits:
+        hypothetical = (f" The one-GPU baseline is hypothetical: it needs {_gb(single_mem)} > {_gb(hbm)} of HBM, "
+                        "so CP is needed to fit, and the speedup only compares compute.")
+    if best["speedup"] < 1.0 and single_fits:
+        return dict(single, reason=(f"CP does not pay off: the best CP configuration that fits ({label}, "
+                                    f"{_ms(best['predicted_ms'])}) is predicted slower than one GPU "
+                                    f"({_ms(single_ms)}); its largest loss is {_gap_driver(best)}."
+                                    + over_note + _tiny_note(single_ms)))
+    reason = (f"fastest predicted that fits in HBM: {_ms(best['predicted_ms'])}, {best['speedup']:.2f}x over one GPU "
+              f"({_ms(single_ms)}), {_gb(best['memory_bytes_per_rank'])} per rank; the largest loss against the ideal "
+              f"{_ms(best['breakdown']['ideal_ms'])} is {_gap_driver(best)}.")
     if len(ranked) > 1:
         second = ranked[1]
         margin = second["predicted_ms"] / best["predicted_ms"] - 1.0
         tol = max(abs(v) for v in cal.shared_residuals.values())
-        label2 = f"{second['strategy']}" + (f" stripe {second['stripe_size']}" if second["stripe_size"] is not None else "")
-        reason += f" Runner-up: {label2} ({_ms(second['predicted_ms'])}, +{100 * margin:.1f}%)."
+        reason += f" Runner-up: {_label(second)} ({_ms(second['predicted_ms'])}, +{100 * margin:.1f}%)."
         if margin < tol:
             reason += (f" The margin is below the model's cross-strategy error ({100 * tol:.1f}%, shared-factor fit), "
                        "so measure both.")
+    reason += over_note + hypothetical
     if best["strategy"] == "ulysses":
         reason += " Ulysses is unmeasured here (its CP factor is borrowed); confirm on hardware."
     reason += _tiny_note(single_ms)
@@ -193,23 +291,31 @@ def format_table(result: dict) -> str:
         (f"  batch {wl['batch']} x {wl['seq_len']:,} tokens, {wl['segments_per_row']} slots x {wl['valid_per_slot']:,} valid, "
          f"heads {wl['num_q_heads']}q/{wl['num_kv_heads']}kv x {wl['head_dim']}, window {tuple(wl['window'])}, {wl['dtype']}"),
         (f"  one GPU: {_ms(result['single_ms'])} fwd+bwd ({result['single_tflops_per_s']:.0f} TFLOP/s useful, "
-         f"{100 * result['single_tflops_per_s'] / peak:.1f}% of {peak:,.0f} dense peak)"),
+         f"{100 * result['single_tflops_per_s'] / peak:.1f}% of {peak:,.0f} dense peak); attention memory "
+         f"{_gb(result['single_memory_bytes'])} of {_gb(result['hbm_bytes'])} HBM"
+         + ("" if result["single_fits_hbm"] else " - does NOT fit, the baseline is hypothetical")),
         "",
-        f"  {'strategy':<10}{'stripe':>7}{'ms':>10}{'speedup':>9}{'MiB/rank':>10}{'imbal.':>8}{'tile eff':>9}"
-        f"{'frag ms':>9}{'imb ms':>8}{'CP ovh ms':>10}{'comm exp/hid ms':>17}",
+        f"  {'strategy':<10}{'stripe':>7}{'ms':>10}{'speedup':>9}{'MiB/rank':>10}{'GB/rank':>9}{'HBM':>6}{'imbal.':>8}"
+        f"{'tile eff':>9}{'frag ms':>9}{'imb ms':>8}{'CP ovh ms':>10}{'comm exp/hid ms':>17}",
     ]
     for r in result["rows"]:
         b = r["breakdown"]
         stripe = "-" if r["stripe_size"] is None else str(r["stripe_size"])
         mark = "  *fitted point" if r["fitted_point"] else ("  (unmeasured)" if r["strategy"] == "ulysses" else "")
+        fits = "fits" if r["fits_hbm"] else ">HBM"
         lines.append(
             f"  {r['strategy']:<10}{stripe:>7}{_ms(r['predicted_ms'])[:-3]:>10}{r['speedup']:>8.2f}x{r['bytes_per_rank'] / 2**20:>10.0f}"
+            f"{r['memory_bytes_per_rank'] / 1e9:>9.1f}{fits:>6}"
             f"{r['imbalance']:>8.3f}{r['tile_efficiency']:>9.3f}{b['fragmentation_ms']:>9.1f}{b['imbalance_ms']:>8.1f}"
             f"{b['cp_overhead_ms']:>10.1f}{b['comm_exposed_ms']:>8.2f}/{b['comm_hidden_ms']:<8.2f}{mark}"
         )
     for s in result["skipped"]:
         stripe = "-" if s["stripe_size"] is None else s["stripe_size"]
         lines.append(f"  {s['strategy']:<10}{stripe:>7}  not applicable: {s['reason']}")
+    lines += ["", ("  GB/rank: peak attention memory per rank (Q,K,V,O, their gradients, fp32 LSE, ids/pos and the "
+                   "strategy's buffers; the rest of the model comes on top), against the HBM of one GPU.")]
+    lines += [f"Note: {n}" for n in result.get("notes", ())]
+    lines += [f"Warning: {w}" for w in result.get("warnings", ())]
     rec = result["recommendation"]
     stripe = "" if rec["stripe_size"] is None else f" stripe {rec['stripe_size']}"
     lines += ["", f"Recommendation: {rec['strategy']}{stripe}. {rec['reason']}", ""]
@@ -229,16 +335,23 @@ def format_table(result: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tutorial_utils.plan",
-                                description="Predict fwd+bwd time and speedup of CP attention strategies (cost model).")
+    p = argparse.ArgumentParser(
+        prog="python -m tutorial_utils.plan",
+        description="Predict fwd+bwd time, speedup and per-rank memory of CP attention strategies (cost model).",
+        epilog=("Shape flags override the preset. If --seq-len or --segments changes the slot length and --valid is "
+                "not given, the preset's slots per row and fill are kept: valid per slot = round(fill x slot length) "
+                "(seed: 12,288 of 16,384 = 75%; --seq-len 1048576 gives 4 slots x 196,608 valid of 262,144). Pass "
+                "--valid to set it yourself. A warning is printed (and listed under 'warnings' in --json) when more "
+                "than half of every row is padding, when one GPU cannot hold the workload, and when a CP "
+                "configuration exceeds the GPU's HBM; such rows are marked '>HBM' and never recommended."))
     p.add_argument("--preset", default="seed", choices=sorted(PRESETS), help="base workload (default: seed)")
     p.add_argument("--batch", type=int)
-    p.add_argument("--seq-len", type=int, help="tokens per row")
+    p.add_argument("--seq-len", type=int, help="tokens per row (keeps the preset's fill unless --valid is given)")
     p.add_argument("--q-heads", type=int)
     p.add_argument("--kv-heads", type=int)
     p.add_argument("--head-dim", type=int)
-    p.add_argument("--segments", type=int, help="segment slots per row")
-    p.add_argument("--valid", type=int, help="valid tokens per slot (rest is padding)")
+    p.add_argument("--segments", type=int, help="segment slots per row (keeps the preset's fill unless --valid is given)")
+    p.add_argument("--valid", type=int, help="valid tokens per slot (rest is padding; default: the preset's fill)")
     p.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"), help="sliding window, -1 = unbounded")
     p.add_argument("--cp", type=int, help="number of GPUs on the CP axis")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
@@ -256,8 +369,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides = {field: getattr(args, arg) for arg, field in _FIELD_FOR_ARG.items()}
     overrides["window"] = args.window
     try:
-        wl = _build_workload(args.preset, overrides)
-        result = plan(wl, hardware=args.hardware, stripes=args.stripes, form=args.form)
+        wl, notes = build_workload(args.preset, overrides)
+        result = plan(wl, hardware=args.hardware, stripes=args.stripes, form=args.form, notes=notes)
     except ValueError as err:
         message = str(err)
         for arg, field in list(_FIELD_FOR_ARG.items()) + [("window", "window")]:
@@ -266,6 +379,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")
+        for w in result["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
     else:
         print(format_table(result))
     return 0
