@@ -201,6 +201,38 @@ def test_rank_work_panels_and_relative_totals():
     assert f"{rel[0].max():.2f}" in fig.axes[0].get_title()
 
 
+def test_rank_work_wraps_many_layouts_into_rows_of_three():
+    ids, pos = fixed_slot_segments(1, 256, 1, 256)
+    layouts = [("contiguous", 1), ("striped", 1), ("striped", 4), ("striped", 16), ("dual_chunk", 1)]
+    mats = {f"{lay} {st}": count_work(ids, pos, (-1, 0), cp_size=4, layout=lay, stripe_size=st, tile=None).pair_matrix
+            for lay, st in layouts}
+    fig = plots.plot_rank_work(mats)
+    assert len(fig.axes) == len(mats) + 1
+    heat = fig.axes[:-1]
+    columns = sorted({round(ax.get_position().x0, 3) for ax in heat})
+    rows = sorted({round(ax.get_position().y0, 3) for ax in heat})
+    assert len(columns) == 3 and len(rows) == 2
+    # the summary panel spans the full width below the heatmaps
+    summary = fig.axes[-1].get_position()
+    assert summary.width > 2 * heat[0].get_position().width
+    assert summary.y0 < min(ax.get_position().y0 for ax in heat)
+    # cell annotations are legible (not the 7-point text of a single long row)
+    assert min(t.get_fontsize() for t in heat[0].texts) >= 8.5
+
+
+def test_heatmap_text_colour_follows_cell_brightness():
+    assert plots.text_color_for("yellow") == "black"
+    assert plots.text_color_for("#440154") == "white"  # dark end of viridis
+    fig, ax = plt.subplots()
+    values = np.array([[0.0, 1.0], [0.5, 0.2]])
+    im = ax.imshow(values, cmap="viridis", vmin=0, vmax=1)
+    texts = plots.annotate_heatmap(ax, im, fmt="{:.1f}")
+    colours = {t.get_text(): t.get_color() for t in texts}
+    assert colours["1.0"] == "black" and colours["0.0"] == "white"
+    with pytest.raises(ValueError, match="values"):
+        plots.annotate_heatmap(ax, im, values=np.ones((3, 3)))
+
+
 @pytest.mark.parametrize(
     "arg",
     [{}, [np.eye(2)], {"a": np.ones((2, 3))}, {"a": -np.ones((2, 2))}, {"a": np.ones((2, 2)), "b": np.ones((3, 3))}],
@@ -213,12 +245,33 @@ def test_rank_work_rejects_bad_input(arg):
 # ----------------------------------------------------------------------------- communication
 
 
-@pytest.mark.parametrize("strategy, panels, arrows", [("ring", 3, 4), ("allgather", 2, 12), ("ulysses", 2, 12)])
-def test_comm_steps_arrows_per_panel(strategy, panels, arrows):
-    fig = plots.plot_comm_steps(strategy, 4)
+@pytest.mark.parametrize("strategy, schedule, panels, arrows",
+                         [("ring", "te", 3, 4), ("allgather", "te", 3, 12), ("allgather", "reference", 2, 12),
+                          ("ulysses", "te", 2, 12)])
+def test_comm_steps_arrows_per_panel(strategy, schedule, panels, arrows):
+    fig = plots.plot_comm_steps(strategy, 4, schedule=schedule)
     assert len(fig.axes) == panels
     for ax in fig.axes:
         assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) == arrows
+
+
+def test_comm_steps_allgather_panels_follow_the_byte_accounting():
+    """The diagram draws one panel per collective that tutorial_utils.comm counts, in order."""
+    comm = pytest.importorskip("tutorial_utils.comm")
+    for schedule in ("te", "reference"):
+        vol = comm.comm_volume("allgather", batch=1, seq_len=64, num_q_heads=4, num_kv_heads=2, head_dim=8, cp_size=4,
+                               schedule=schedule)
+        collectives = []
+        for t in vol.transfers:
+            key = (t.phase, t.op)
+            if not collectives or collectives[-1] != key:
+                collectives.append(key)
+        fig = plots.plot_comm_steps("allgather", 4, schedule=schedule)
+        titles = [ax.get_title() for ax in fig.axes]
+        assert len(titles) == len(collectives)
+        for (phase, op), t in zip(collectives, titles):
+            assert ("forward" if phase == "fwd" else "backward") in t
+            assert op in t
 
 
 def test_comm_steps_ring_labels_follow_the_rotation():
@@ -235,6 +288,8 @@ def test_comm_steps_ring_labels_follow_the_rotation():
 def test_comm_steps_rejects_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         plots.plot_comm_steps(*args)
+    with pytest.raises(ValueError, match="schedule"):
+        plots.plot_comm_steps("allgather", 4, schedule="xla")
 
 
 def test_comm_bytes_bar_heights_match_the_volumes():
@@ -278,6 +333,19 @@ def test_benchmark_separate_panels_and_speedups():
     assert len(plots.plot_benchmark(local).axes) == 1
 
 
+def test_benchmark_labels_sit_above_the_error_bars():
+    local = [{"strategy": "single", "mean_ms": 100.0, "std_ms": 20.0}, {"strategy": "ring", "stripe_size": 1,
+                                                                        "mean_ms": 50.0, "std_ms": 10.0}]
+    fig = plots.plot_benchmark(local)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for bar, std in zip(ax.patches, (20.0, 10.0)):
+        top = ax.transData.transform((0, bar.get_height() + std))[1]
+        label = next(t for t in ax.texts if abs(t.xy[0] - (bar.get_x() + bar.get_width() / 2)) < 1e-9)
+        assert label.get_window_extent(renderer).y0 > top
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [
@@ -306,3 +374,67 @@ def test_colour_helpers_validate():
 def test_padding_spans_helper():
     ids, _ = pack_segments([[3, 2]], seq_len=10, align=4)
     assert plots._padding_spans(ids[0]) == [(3, 4), (6, 10)]
+
+
+# ----------------------------------------------------------------------------- stored records
+
+_BLOCKWISE_ROWS = [
+    {"strategy": "single-blockwise", "stripe_size": None, "seq_len": 16384, "mean_ms": 1213.0, "std_ms": 124.0,
+     "measurement": "measured", "extrapolated": False},
+    {"strategy": "single-blockwise", "stripe_size": None, "seq_len": 8192, "mean_ms": 664.0, "std_ms": 89.0,
+     "measurement": "measured", "extrapolated": False},
+    {"strategy": "single-dense", "stripe_size": None, "seq_len": 8192, "mean_ms": 15978.0, "std_ms": 799.0,
+     "measurement": "measured", "extrapolated": False},
+    {"strategy": "single-dense", "stripe_size": None, "seq_len": 16384, "mean_ms": 63912.0,
+     "measurement": "extrapolated (x4 from S=8192)", "extrapolated": True},
+]
+
+
+def _record(source, results, label="test"):
+    return {"schema": "cp-bench/1", "source": source, "label": label, "hardware": {}, "config": {}, "results": results}
+
+
+def test_result_labels_are_distinct_and_mark_extrapolation():
+    labels = plots.result_labels(_BLOCKWISE_ROWS)
+    assert labels == ["single-blockwise, S=16,384", "single-blockwise, S=8,192", "single-dense, S=8,192",
+                      "single-dense, S=16,384, extrapolated"]
+    rows = [{"strategy": "ring", "stripe_size": 1, "window": [64, 0]}, {"strategy": "ring", "stripe_size": 1, "window": [-1, 0]},
+            {"strategy": "allgather", "stripe_size": 512}, {"strategy": "allgather", "stripe_size": 512}]
+    assert plots.result_labels(rows) == ["ring (stripe 1), window (64, 0)", "ring (stripe 1), window (-1, 0)",
+                                         "allgather (stripe 512) #1", "allgather (stripe 512) #2"]
+    with pytest.raises(ValueError, match="results"):
+        plots.result_labels([])
+
+
+def test_record_times_hatch_extrapolated_rows_and_keep_labels_past_error_bars():
+    fig = plots.plot_record_times(_record("cpu-reference", _BLOCKWISE_ROWS))
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0][:len(_BLOCKWISE_ROWS)]
+    assert [b.get_hatch() for b in bars] == [None, None, None, "///"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == plots.result_labels(_BLOCKWISE_ROWS)
+    assert ax.get_xscale() == "log"  # 664 ms to 64 s
+    # error bars: one per measured row, none for the extrapolated one
+    (errbar,) = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    segments = errbar.lines[2][0].get_segments()
+    assert len(segments) == 3
+    for row, text in zip(_BLOCKWISE_ROWS, ax.texts):
+        assert text.xy[0] == pytest.approx(row["mean_ms"] + (0 if row["extrapolated"] else row["std_ms"]))
+    assert "this machine" in ax.get_title()
+
+
+def test_record_speedups_one_panel_per_record_never_a_shared_axis():
+    cpu = _record("cpu-reference", [{"strategy": "single", "mean_ms": 200.0}, {"strategy": "ring", "stripe_size": 1,
+                                                                               "mean_ms": 400.0}], label="cpu run")
+    pub = _record("published", [{"strategy": "single", "mean_ms": 126.7, "speedup": 1.0},
+                                {"strategy": "ring", "stripe_size": 1, "mean_ms": 57.2, "speedup": 2.22},
+                                {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8, "speedup": 2.36}],
+                  label="TE tutorial, 4x GB200")
+    no_speedup = _record("cpu-reference", _BLOCKWISE_ROWS)
+    fig = plots.plot_record_speedups([cpu, no_speedup, pub])
+    assert len(fig.axes) == 2
+    ax_cpu, ax_pub = fig.axes
+    assert ax_cpu.get_shared_x_axes().get_siblings(ax_cpu) == [ax_cpu]
+    assert "this machine" in ax_cpu.get_title() and "published" in ax_pub.get_title()
+    assert [b.get_width() for b in ax_cpu.patches] == [0.5]
+    assert [b.get_width() for b in ax_pub.patches] == [2.22, 2.36]
+    assert plots.plot_record_speedups([no_speedup]) is None

@@ -34,6 +34,12 @@ __all__ = [
     "plot_comm_steps",
     "plot_comm_bytes",
     "plot_benchmark",
+    "annotate_heatmap",
+    "text_color_for",
+    "result_labels",
+    "record_speedup",
+    "plot_record_times",
+    "plot_record_speedups",
 ]
 
 #: Colour of padding tokens (segment id 0) in every figure.
@@ -77,6 +83,42 @@ def _segment_cmap(num_segments: int):
     cmap = ListedColormap(colors)
     norm = BoundaryNorm(np.arange(len(colors) + 1) - 0.5, len(colors))
     return cmap, norm
+
+
+def text_color_for(rgba) -> str:
+    """``'black'`` or ``'white'``, whichever reads better on a cell of colour ``rgba``.
+
+    Uses the relative luminance of the colour (sRGB weights), so light cells (e.g. the
+    yellow end of ``viridis``) get black text and dark cells white text.
+    """
+    from matplotlib.colors import to_rgba
+
+    r, g, b, _ = to_rgba(rgba)
+
+    def lin(c):
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    luminance = 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+    return "black" if luminance > 0.179 else "white"
+
+
+def annotate_heatmap(ax, image, values=None, *, fmt="{:.2f}", fontsize: float = 8):
+    """Write each cell's value into an ``imshow`` heatmap, in a colour that contrasts with the cell.
+
+    ``image`` is the :class:`~matplotlib.image.AxesImage` returned by ``ax.imshow``;
+    ``values`` (default: the image's data) is the ``[rows, cols]`` array to print, and
+    ``fmt`` a format string or a callable. Returns the list of text artists.
+    """
+    data = np.asarray(image.get_array(), dtype=np.float64)
+    vals = data if values is None else np.asarray(values)
+    if vals.shape != data.shape or vals.ndim != 2:
+        raise ValueError(f"values has shape {vals.shape}; expected the image's [rows, cols] shape {data.shape}.")
+    fmt_fn = fmt if callable(fmt) else fmt.format
+    texts = []
+    for (i, j), v in np.ndenumerate(vals):
+        color = text_color_for(image.cmap(image.norm(data[i, j])))
+        texts.append(ax.text(j, i, fmt_fn(v), ha="center", va="center", fontsize=fontsize, color=color))
+    return texts
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,9 +222,9 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Opt
 def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 0, title: Optional[str] = None):
     """The THD + ``PADDING_CAUSAL_MASK`` attention mask of one row, built up rule by rule.
 
-    Four panels over (query token, key token): same non-padding segment; causal on
-    positions (``pos_k <= pos_q``); the window (``pos_k >= pos_q - left``); and their
-    conjunction, coloured by segment. The last panel's image is the visibility matrix
+    Four panels in a 2x2 grid over (query token, key token): same non-padding segment;
+    causal on positions (``pos_k <= pos_q``); the window (``pos_k >= pos_q - left``); and
+    their conjunction, coloured by segment. The last panel's image is the visibility matrix
     that :func:`tutorial_utils.reference.visibility` defines (white = masked).
     """
     from .reference import MaskSpec, visibility
@@ -204,7 +246,8 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
     plt = _plt()
     n_seg = int(ids.max())
     cmap, norm = _segment_cmap(n_seg)
-    fig, axes = plt.subplots(1, 4, figsize=(12, 3.4), constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(7.6, 7.8), constrained_layout=True)
+    axes = axes.ravel()
     from matplotlib import colormaps
 
     rule_cmap = colormaps["Greys"]
@@ -215,15 +258,17 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
     ]
     for ax, (m, name) in zip(axes[:3], panels):
         ax.imshow(m.astype(float), cmap=rule_cmap, vmin=0, vmax=1.6, interpolation="nearest")
-        ax.set_title(name, fontsize=9)
+        ax.set_title(name, fontsize=11)
     colored = np.where(vis, ids[:, None], 0)
     # masked (invisible) pairs are left white; the image data is the visibility matrix coloured by segment
     axes[3].imshow(np.ma.masked_array(colored, mask=~vis), cmap=cmap, norm=norm, interpolation="nearest")
-    axes[3].set_title(f"visible = all three ({int(vis.sum())} pairs)", fontsize=9)
+    axes[3].set_title(f"visible = all three ({int(vis.sum())} pairs)", fontsize=11)
     for ax in axes:
-        ax.set_xlabel("key token")
-        ax.set_ylabel("query token")
-    fig.suptitle(title or f"Attention mask of batch row {row} (THD, PADDING_CAUSAL_MASK, window={(left, right)})", fontsize=10)
+        ax.set_xlabel("key token", fontsize=10)
+        ax.set_ylabel("query token", fontsize=10)
+        ax.tick_params(labelsize=9)
+    fig.suptitle(title or f"Attention mask of batch row {row}\n(THD, PADDING_CAUSAL_MASK, window={(left, right)})",
+                 fontsize=12)
     return fig
 
 
@@ -439,42 +484,42 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
     ``pair_matrices``: ``{label: M}`` with ``M[q_rank, kv_rank]`` the visible query-key
     pairs whose query lives on ``q_rank`` and key on ``kv_rank`` (e.g.
     :func:`tutorial_utils.workcount.pair_matrix`). One heatmap per layout (annotated in
-    pairs), and a last panel with each rank's total divided by the mean over ranks, one
-    row per layout: 1.00 everywhere is perfect balance, and the largest value is the
-    slowdown the slowest rank imposes on AllGather.
+    pairs, at most three per row), and a last, full-width panel with each rank's total
+    divided by the mean over ranks, one row per layout: 1.00 everywhere is perfect
+    balance, and the largest value is the slowdown the slowest rank imposes on AllGather.
     """
     labels, mats, cp = _square_matrices(pair_matrices)
     plt = _plt()
     n = len(mats)
-    fig, axes = plt.subplots(1, n + 1, figsize=(2.6 * n + 3.6, 3.2), constrained_layout=True,
-                             gridspec_kw={"width_ratios": [1] * n + [1.5]})
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    cell = 2.7
+    fig = plt.figure(figsize=(cell * ncols + 1.0, cell * nrows + 0.32 * n + 1.6), constrained_layout=True)
+    grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[cell] * nrows + [0.32 * n + 0.9])
+    axes = [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(n)]
     vmax = max(m.max() for m in mats) or 1.0
-    for ax, label, m in zip(axes[:n], labels, mats):
-        ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
-        for i in range(cp):
-            for j in range(cp):
-                ax.text(j, i, _fmt_count(m[i, j]), ha="center", va="center", fontsize=7,
-                        color="white" if m[i, j] < 0.6 * vmax else "black")
+    for ax, label, m in zip(axes, labels, mats):
+        im = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
+        annotate_heatmap(ax, im, fmt=_fmt_count, fontsize=8.5 if cp <= 4 else 7)
         rows = m.sum(axis=1)
         ratio = rows.max() / rows.mean() if rows.mean() > 0 else 1.0
-        ax.set_title(f"{label}\nmax/mean = {ratio:.2f}", fontsize=8)
-        ax.set_xlabel("key rank")
-        ax.set_ylabel("query rank")
+        ax.set_title(f"{label}\nmax/mean = {ratio:.2f}", fontsize=10)
+        ax.set_xlabel("key rank", fontsize=9)
+        ax.set_ylabel("query rank", fontsize=9)
         ax.set_xticks(range(cp))
         ax.set_yticks(range(cp))
+        ax.tick_params(labelsize=8)
     totals = np.stack([m.sum(axis=1) for m in mats])
     means = totals.mean(axis=1, keepdims=True)
     rel = np.divide(totals, means, out=np.ones_like(totals), where=means > 0)
-    ax = axes[-1]
+    ax = fig.add_subplot(grid[nrows, :])
     hi = max(2.0, float(rel.max()))
-    ax.imshow(rel, cmap="RdBu_r", vmin=2.0 - hi, vmax=hi, aspect="auto", interpolation="nearest")
-    for i in range(n):
-        for j in range(cp):
-            ax.text(j, i, f"{rel[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    ax.set_yticks(range(n), labels, fontsize=8)
-    ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=8)
-    ax.set_title("pairs per rank / mean", fontsize=9)
-    fig.suptitle(title or "Visible query-key pairs per rank (per query head)", fontsize=10)
+    im = ax.imshow(rel, cmap="RdBu_r", vmin=2.0 - hi, vmax=hi, aspect="auto", interpolation="nearest")
+    annotate_heatmap(ax, im, fmt="{:.2f}", fontsize=9)
+    ax.set_yticks(range(n), labels, fontsize=9)
+    ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=9)
+    ax.set_title("pairs per rank / mean over ranks (1.00 = perfectly balanced)", fontsize=10)
+    fig.suptitle(title or "Visible query-key pairs per rank (per query head)", fontsize=11)
     return fig
 
 
@@ -494,7 +539,7 @@ def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     colors = rank_colors(cp)
     for r in range(cp):
         ax.add_patch(Circle(xy[r], 0.24, facecolor=colors[r], edgecolor="k", lw=0.8, alpha=0.9, zorder=3))
-        ax.text(*xy[r], labels[r], ha="center", va="center", fontsize=7, color="white", zorder=4, fontweight="bold")
+        ax.text(*xy[r], labels[r], ha="center", va="center", fontsize=8, color="white", zorder=4, fontweight="bold")
     ax.set_xlim(-1.55, 1.55)
     ax.set_ylim(-1.55, 1.55)
     ax.set_aspect("equal")
@@ -514,63 +559,86 @@ def _arrow(ax, p0, p1, color, label=None, rad=0.0):
     if label:
         mid = (a + b) / 2
         normal = np.array([-u[1], u[0]])
-        ax.text(*(mid + (0.18 + 0.5 * rad) * normal), label, ha="center", va="center", fontsize=7,
+        ax.text(*(mid + (0.18 + 0.5 * rad) * normal), label, ha="center", va="center", fontsize=8,
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85), zorder=5)
     return patch
 
 
-def plot_comm_steps(strategy: str, cp_size: int, *, title: Optional[str] = None):
-    """Who sends what to whom, step by step, for one CP strategy (forward pass).
+def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title: Optional[str] = None):
+    """Who sends what to whom, step by step, for one CP strategy.
 
-    * ``'ring'``: ``cp-1`` hops. Before hop t (counting from 0) rank r holds the K/V block
-      of rank ``(r - t) mod cp`` (with that block's segment ids and positions); it attends
-      its queries to it and passes it to rank ``r+1``.
-    * ``'allgather'``: one all-gather of K, V, ids and positions (every rank sends its
-      shard to every other), then the backward reduce-scatter of dK, dV.
-    * ``'ulysses'``: an all-to-all of Q, K, V from sequence shards to head shards, local
-      attention over the whole sequence, and an all-to-all of O back.
+    * ``'ring'`` (forward pass): ``cp-1`` hops. Before hop t (counting from 0) rank r holds
+      the K/V block of rank ``(r - t) mod cp`` (with that block's segment ids and
+      positions); it attends its queries to it and passes it to rank ``r+1``.
+    * ``'allgather'`` (forward and backward): the forward all-gather of K, V, ids and
+      positions (every rank sends its shard to every other); in the backward, with
+      ``schedule='te'`` (TransformerEngine's primitives, as counted by
+      :func:`tutorial_utils.comm.comm_volume`), the same all-gather again, because TE's
+      backward receives only the local shards, and then the reduce-scatter of dK, dV.
+      ``schedule='reference'`` (``jax.grad`` of the ``shard_map`` reference, which keeps the
+      gathered K/V) has only the reduce-scatter.
+    * ``'ulysses'`` (forward pass): an all-to-all of Q, K, V from sequence shards to head
+      shards, local attention over the whole sequence, and an all-to-all of O back.
 
     One axes per step; every arrow is a :class:`~matplotlib.patches.FancyArrowPatch`.
     """
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {_STRATEGIES}.")
+    if schedule not in ("te", "reference"):
+        raise ValueError(f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or 'reference'.")
     cp = _positive_int("cp_size", cp_size)
     if not 2 <= cp <= 16:
         raise ValueError(f"cp_size={cp}: draw between 2 and 16 ranks (with 1 rank nothing moves).")
     plt = _plt()
     colors = rank_colors(cp)
+
+    def panels(count):
+        """``count`` square panels, at most three per row, so the text stays legible on a page."""
+        ncols = min(count, 3)
+        nrows = math.ceil(count / ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(2.55 * ncols + 0.3, 2.9 * nrows + 0.3), squeeze=False,
+                                 constrained_layout=True)
+        for ax in grid.ravel()[count:]:
+            fig.delaxes(ax)
+        return fig, grid.ravel()[:count]
+
+    def all_to_all_arrows(ax, xy):
+        for r in range(cp):
+            for dst in range(cp):
+                if dst != r:
+                    _arrow(ax, xy[r], xy[dst], colors[r], rad=0.12)
+
     if strategy == "ring":
         n = cp - 1
-        fig, axes = plt.subplots(1, n, figsize=(3.0 * n, 3.4), squeeze=False, constrained_layout=True)
-        for t, ax in enumerate(axes[0]):
+        fig, axes = panels(n)
+        for t, ax in enumerate(axes):
             held = [(r - t) % cp for r in range(cp)]
             xy = _draw_ranks(ax, cp, [f"r{r}\nKV{held[r]}" for r in range(cp)])
             for r in range(cp):
                 _arrow(ax, xy[r], xy[(r + 1) % cp], colors[held[r]], f"KV{held[r]}")
-            ax.set_title(f"hop {t + 1} of {n}: attend, then pass\nthe held K/V block to rank r+1", fontsize=8)
+            ax.set_title(f"hop {t + 1} of {n}: attend, then pass\nthe held K/V block to rank r+1", fontsize=9)
     elif strategy == "allgather":
-        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.4), squeeze=False, constrained_layout=True)
-        phases = (("forward: all-gather K, V, ids, pos\n(each rank then holds all K/V)", "KV"),
-                  ("backward: reduce-scatter dK, dV\n(each rank keeps its shard's sum)", "dKV"))
-        for ax, (name, what) in zip(axes[0], phases):
-            xy = _draw_ranks(ax, cp, [f"r{r}\n{what}{r}" for r in range(cp)])
-            for r in range(cp):
-                for dst in range(cp):
-                    if dst != r:
-                        _arrow(ax, xy[r], xy[dst], colors[r], rad=0.12)
-            ax.set_title(name, fontsize=8)
+        phases = [("forward: all-gather K, V, ids, pos\n(each rank then holds all K/V)", "KV")]
+        if schedule == "te":
+            phases.append(("backward, first: all-gather\nK, V, ids, pos again", "KV"))
+        phases.append(("backward: reduce-scatter dK, dV\n(each rank keeps its shard's sum)", "dKV"))
+        fig, axes = panels(len(phases))
+        for ax, (name, what) in zip(axes, phases):
+            all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}{r}" for r in range(cp)]))
+            ax.set_title(name, fontsize=9)
     else:
-        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.4), squeeze=False, constrained_layout=True)
-        phases = (("all-to-all Q, K, V: sequence shards\n-> head shards (whole sequence)", "heads"),
+        phases = (("all-to-all Q, K, V: sequence\nshards -> head shards", "heads"),
                   ("all-to-all O: head shards\n-> sequence shards", "seq"))
-        for ax, (name, what) in zip(axes[0], phases):
-            xy = _draw_ranks(ax, cp, [f"r{r}\n{what}" for r in range(cp)])
-            for r in range(cp):
-                for dst in range(cp):
-                    if dst != r:
-                        _arrow(ax, xy[r], xy[dst], colors[r], rad=0.12)
-            ax.set_title(name, fontsize=8)
-    fig.suptitle(title or f"{strategy}: what moves between {cp} ranks", fontsize=10)
+        fig, axes = panels(len(phases))
+        for ax, (name, what) in zip(axes, phases):
+            all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}" for r in range(cp)]))
+            ax.set_title(name, fontsize=9)
+    if strategy == "allgather":
+        default = f"allgather: what moves between {cp} ranks,\nforward and backward " + (
+            "(TE's schedule)" if schedule == "te" else "(jax.grad of the shard_map reference)")
+    else:
+        default = f"{strategy}: what moves between {cp} ranks in the forward pass"
+    fig.suptitle(title or default, fontsize=10)
     return fig
 
 
@@ -664,15 +732,18 @@ def _bar_panel(ax, results, title):
         err.append(float(r.get("std_ms") or 0.0))
     base = next((float(r["mean_ms"]) for r in results if r["strategy"] == "single"), None)
     colors = ["#7f7f7f" if r["strategy"] == "single" else "#4c72b0" for r in results]
-    bars = ax.bar(range(len(ms)), ms, yerr=err if any(err) else None, color=colors, capsize=3)
+    bars = ax.bar(range(len(ms)), ms, yerr=err if any(err) else None, color=colors, capsize=3,
+                  error_kw=dict(elinewidth=1.0, ecolor="0.15"))
     for b, m, e in zip(bars, ms, err):
-        text = f"{m:.4g} ms"
+        text = _fmt_ms(m)
         if base:
             text += f"\n{base / m:.2f}x"
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height() + e, text, ha="center", va="bottom", fontsize=7)
+        # anchored at the top of the error bar and lifted by a few points, so the bar never crosses the label
+        ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height() + e), xytext=(0, 4),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(ms)), labels, fontsize=8)
     ax.set_ylabel("forward + backward [ms]")
-    ax.margins(y=0.25)
+    ax.margins(y=0.3)
     ax.set_title(title, fontsize=9)
 
 
@@ -695,4 +766,196 @@ def plot_benchmark(results, *, published=None, title: Optional[str] = "this mach
     if pub is not None:
         _bar_panel(axes[0, 1], pub, published_title)
         axes[0, 1].set_facecolor("#f7f3e8")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# benchmarks page: stored cp-bench/1 records
+
+_DISTINGUISHING_FIELDS = (("seq_len", "S={}"), ("window", "window {}"), ("batch", "batch {}"), ("cp_size", "cp {}"))
+
+
+def _fmt_ms(ms: float) -> str:
+    """A time for a bar label: ``0.123 ms``, ``57.2 ms``, ``1,213 ms``, ``63.9 s``."""
+    if ms >= 10_000:
+        return f"{ms / 1e3:,.1f} s"
+    if ms >= 1_000:
+        return f"{ms:,.0f} ms"
+    return f"{ms:.3g} ms" if ms < 100 else f"{ms:.1f} ms"
+
+
+def _is_extrapolated(row: Mapping) -> bool:
+    return bool(row.get("extrapolated")) or str(row.get("measurement", "")).startswith("extrapolated")
+
+
+def _field_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(str(v) for v in value) + ")"
+    return f"{value:,}" if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else str(value)
+
+
+def result_labels(results) -> list:
+    """One distinct, readable label per result row of a ``cp-bench/1`` record.
+
+    The label starts with the strategy and its stripe (``"ring (stripe 1)"``). Rows that
+    would share a label get the fields in which they differ (``seq_len`` as ``S=...``,
+    ``window``, ``batch``, ``cp_size``); rows marked extrapolated (``extrapolated: true`` or
+    a ``measurement`` starting with "extrapolated") end in ``", extrapolated"`` and emulated
+    rows in ``", emulated"``. Any labels still equal are numbered.
+    """
+    rows = _check_rows("results", results)
+    base = []
+    for r in rows:
+        st = r.get("stripe_size")
+        base.append(str(r["strategy"]) + ("" if st in (None, 0) else f" (stripe {st})"))
+    labels = list(base)
+    for name in set(base):
+        group = [i for i, b in enumerate(base) if b == name]
+        if len(group) < 2:
+            continue
+        for field, fmt in _DISTINGUISHING_FIELDS:
+            values = [_field_text(rows[i].get(field)) for i in group]
+            if len(set(values)) > 1:
+                for i, v in zip(group, values):
+                    labels[i] += ", " + fmt.format(v)
+    for i, r in enumerate(rows):
+        if _is_extrapolated(r):
+            labels[i] += ", extrapolated"
+        elif r.get("emulated"):
+            labels[i] += ", emulated"
+    seen: dict = {}
+    counts = {lab: labels.count(lab) for lab in labels}
+    for i, lab in enumerate(list(labels)):
+        if counts[lab] > 1:
+            seen[lab] = seen.get(lab, 0) + 1
+            labels[i] = f"{lab} #{seen[lab]}"
+    return labels
+
+
+def _check_rows(name: str, results) -> list:
+    if not isinstance(results, (list, tuple)) or not results:
+        raise ValueError(f"{name} must be a non-empty list of result dicts with 'strategy'.")
+    for i, r in enumerate(results):
+        if not isinstance(r, Mapping) or "strategy" not in r:
+            raise ValueError(f"{name}[{i}] must be a dict with 'strategy', got {r!r}.")
+    return list(results)
+
+
+def _record_title(record: Mapping, width: int = 70) -> str:
+    import textwrap
+
+    from .records import source_title
+
+    return textwrap.fill(source_title(dict(record)), width)
+
+
+def record_speedup(record: Mapping, row: Mapping) -> Optional[float]:
+    """A row's speedup: the stored ``speedup``, else the record's ``'single'`` time over the row's."""
+    if row.get("speedup") is not None:
+        return float(row["speedup"])
+    singles = [r["mean_ms"] for r in record.get("results", ()) if r.get("strategy") == "single"]
+    if singles and row.get("mean_ms"):
+        return float(singles[0]) / float(row["mean_ms"])
+    return None
+
+
+def _hbar_panel(ax, labels, values, errors, extrapolated, value_text, *, color="#4c72b0", log=False):
+    """Horizontal bars with value labels placed beyond the end of each error bar."""
+    y = np.arange(len(values))
+    face = ["white" if x else color for x in extrapolated]
+    bars = ax.barh(y, values, color=face, edgecolor=color, lw=1.2,
+                   hatch=None, height=0.65)
+    for bar, x in zip(bars, extrapolated):
+        if x:
+            bar.set_hatch("///")
+    err = np.asarray([0.0 if (x or e is None) else float(e) for e, x in zip(errors, extrapolated)])
+    has = err > 0
+    if has.any():  # measured rows with a spread only: extrapolated rows never get an error bar
+        ax.errorbar(np.asarray(values)[has], y[has], xerr=err[has], fmt="none", ecolor="0.15", elinewidth=1.0, capsize=3)
+    for yi, v, e, text in zip(y, values, err, value_text):
+        ax.annotate(text, (v + e, yi), xytext=(5, 0), textcoords="offset points", ha="left", va="center", fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+        lo, hi = min(values), max(values + err)
+        ax.set_xlim(lo / 3, hi * 12)
+    else:
+        ax.set_xlim(0, max(values + err) * 1.3)
+    return bars
+
+
+def plot_record_times(record: Mapping, *, title: Optional[str] = None):
+    """Mean time per result row of one ``cp-bench/1`` record, as horizontal bars.
+
+    Titled with the record's source and label. Each bar is labelled with its time (and the
+    speedup over the record's single-device row, when known) *after* the end of its error
+    bar (``std_ms``). Extrapolated rows are drawn hatched and unfilled, say so in their
+    label, and never get an error bar. With times spanning more than 30x the axis is
+    logarithmic.
+    """
+    if not isinstance(record, Mapping) or "results" not in record:
+        raise ValueError("record must be a cp-bench/1 record (a dict with 'results'); load it with records.load_records().")
+    rows = _check_results("record['results']", record["results"])
+    labels = result_labels(rows)
+    means = np.asarray([float(r["mean_ms"]) for r in rows])
+    extrap = [_is_extrapolated(r) for r in rows]
+    texts = []
+    for r, m in zip(rows, means):
+        s = record_speedup(record, r)
+        text = _fmt_ms(m)
+        if s is not None and r["strategy"] != "single":
+            text += f"  ({s:.2f}x)"
+        texts.append(text)
+    log = means.max() / means.min() > 30
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(rows) + 1.5), constrained_layout=True)
+    _hbar_panel(ax, labels, means, [r.get("std_ms") for r in rows], extrap, texts, log=log)
+    ax.set_xlabel("mean time per step (ms" + (", log scale)" if log else ")"), fontsize=9)
+    ax.set_title(title or _record_title(record), fontsize=9)
+    if any(extrap):
+        from matplotlib.patches import Patch
+
+        fig.legend(handles=[Patch(facecolor="white", edgecolor="#4c72b0", hatch="///", label="extrapolated, not measured")],
+                   fontsize=8, loc="outside lower right", frameon=False)
+    return fig
+
+
+def plot_record_speedups(records: Sequence[Mapping], *, title: Optional[str] = None):
+    """Speedup over one device, one panel (with its own axis) per record that has speedups.
+
+    Records from different sources (a CPU run of the reference, TE's published GB200
+    figures) are never drawn on one axis: each panel is titled with its record's source and
+    label. Rows without a speedup (and the single-device rows) are left out; extrapolated
+    rows are hatched and labelled as such. Returns ``None`` when no record has a speedup.
+    """
+    panels = []
+    for rec in records:
+        if not isinstance(rec, Mapping) or "results" not in rec:
+            raise ValueError("records must be cp-bench/1 records (dicts with 'results').")
+        rows = _check_rows("record['results']", rec["results"])
+        labels = result_labels(rows)
+        keep = [(lab, r, record_speedup(rec, r)) for lab, r in zip(labels, rows) if r["strategy"] != "single"]
+        keep = [(lab, r, s) for lab, r, s in keep if s is not None]
+        if keep:
+            panels.append((rec, keep))
+    if not panels:
+        return None
+    plt = _plt()
+    heights = [0.42 * len(k) + 1.1 for _, k in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.2, sum(heights) + 0.4), squeeze=False, constrained_layout=True,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (rec, keep) in zip(axes[:, 0], panels):
+        labels = [lab for lab, _, _ in keep]
+        values = np.asarray([s for _, _, s in keep])
+        extrap = [_is_extrapolated(r) for _, r, _ in keep]
+        color = "#b07d2b" if rec.get("source") == "published" else "#4c72b0"
+        _hbar_panel(ax, labels, values, [None] * len(keep), extrap, [f"{v:.2f}x" for v in values], color=color)
+        ax.axvline(1.0, color="0.4", lw=0.9, ls=":")
+        ax.set_xlabel("speedup over the same record's single device", fontsize=9)
+        ax.set_title(_record_title(rec), fontsize=9)
+        if rec.get("source") == "published":
+            ax.set_facecolor("#f7f3e8")
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig
