@@ -386,6 +386,14 @@ def launch(nprocs: int, target: Sequence[str], *, port: Optional[int] = None, ti
                     pass
                 p.wait()
 
+    def stop_and_record(ranks: Sequence[int]) -> None:
+        """Stop ``ranks`` and record their exit codes and end times as killed."""
+        stop(ranks)
+        killed.extend(ranks)
+        for x in ranks:
+            codes[x] = procs[x].returncode
+            finished_at[x] = time.monotonic() - t0
+
     while True:
         running = [r for r, p in procs.items() if r not in finished_at]
         for r in running:
@@ -400,22 +408,14 @@ def launch(nprocs: int, target: Sequence[str], *, port: Optional[int] = None, ti
                         rest = [x for x in procs if x not in finished_at and procs[x].poll() is None]
                         if rest:
                             say(f"stopping ranks {','.join(map(str, rest))} because rank {r} failed")
-                            stop(rest)
-                            killed.extend(rest)
-                            for x in rest:
-                                codes[x] = procs[x].returncode
-                                finished_at[x] = time.monotonic() - t0
+                            stop_and_record(rest)
         if len(finished_at) == len(procs):
             break
         if timeout is not None and time.monotonic() - t0 > timeout:
             timed_out = True
             rest = [x for x in procs if x not in finished_at]
             say(f"TIMEOUT after {timeout:g} s: ranks {','.join(map(str, rest))} still running; stopping them")
-            stop(rest)
-            killed.extend(rest)
-            for x in rest:
-                codes[x] = procs[x].returncode
-                finished_at[x] = time.monotonic() - t0
+            stop_and_record(rest)
             break
         time.sleep(0.05)
     for th in threads:
