@@ -189,3 +189,26 @@ def test_public_names_exist(te_source):
     for name in FUNCTIONS + ENUMS + ["SequenceDescriptor"]:
         _top(te_source["attention"], name, (ast.FunctionDef, ast.ClassDef))  # in TE
         assert name in fa.__all__ and hasattr(fa, name)  # and in the facade
+
+
+def _run_with_te_on_path(tmp_path, backend: str):
+    wheel, why = _obtain_wheel()
+    if wheel is None:
+        pytest.skip(f"cannot obtain the TE {TE_VERSION} wheel (no network?): {why}")
+    site = tmp_path / "te-site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    env = {k: v for k, v in os.environ.items() if k != "TUTORIAL_TE_BACKEND"}
+    env.update(PYTHONPATH=str(site), TUTORIAL_TE_BACKEND=backend, JAX_PLATFORMS="cpu")
+    code = "import tutorial_utils.te as te; print(te.backend_name())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_installed_te_without_its_extension_falls_back_or_explains(tmp_path):
+    """The pip package without a built JAX extension (as on a machine without CUDA)."""
+    auto = _run_with_te_on_path(tmp_path, "auto")  # no GPU here: the reference, without touching TE
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.strip().startswith("reference")
+    forced = _run_with_te_on_path(tmp_path, "te")
+    assert forced.returncode != 0
+    assert "TUTORIAL_TE_BACKEND=te" in forced.stderr and "make gpu-setup" in forced.stderr, forced.stderr[-2000:]

@@ -31,8 +31,8 @@ def _decide():
     except Exception as err:  # noqa: BLE001 - TE raises many kinds when CUDA is missing
         if choice == "te":
             raise ImportError(
-                f"{_ENV}=te but transformer_engine.jax failed to import ({err!r}). Install the GPU extra on a CUDA "
-                "machine: `pip install .[gpu]` (needs the CUDA toolkit headers and cuDNN), or unset the variable."
+                f"{_ENV}=te but transformer_engine.jax failed to import ({err!r}). On a CUDA machine run `make gpu-setup` "
+                "(JAX first, then TE built against it; needs the CUDA toolkit headers and cuDNN), or unset the variable."
             ) from err
         return None
 
