@@ -42,6 +42,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .inputs import random_qkv
+
 __all__ = ["CheckResult", "tolerance", "compare", "run_checks", "build_parser", "main", "cp_workload_for",
            "FUSED_ATTN_PARAMS", "KERNEL_AVAILABLE_PARAMS", "MESH_RESOURCE_FIELDS"]
 
@@ -155,14 +157,6 @@ def _packed(rng, batch, seq, max_segments, align=1):
     return ids, pos
 
 
-def _qkvd(seed, b, s, hq, hkv, d, dtype):
-    import jax
-
-    kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return (jax.random.normal(kq, (b, s, hq, d)).astype(dtype), jax.random.normal(kk, (b, s, hkv, d)).astype(dtype),
-            jax.random.normal(kv, (b, s, hkv, d)).astype(dtype), jax.random.normal(kd, (b, s, hq, d)).astype(dtype))
-
-
 @functools.lru_cache(maxsize=None)
 def _reference_vjp_fn():
     import jax
@@ -223,7 +217,7 @@ def _te_vs_reference(ta, *, layout: str, mask: str, b, s, hq, hkv, d, window, id
     import jax.numpy as jnp
 
     dtype = jnp.bfloat16
-    q, k, v, dout = _qkvd(seed, b, s, hq, hkv, d, dtype)
+    q, k, v, dout = random_qkv(seed, b, s, hq, hkv, d, dtype)
     thd = layout.startswith("THD")
     max_segments = int(ids.max()) if thd else 1
     if thd:
@@ -360,7 +354,7 @@ def _te_cp_case(ta, te, strategy: str, devices) -> dict:
     b, s, hq, hkv, d = 2, 4 * slot, 8, 2, 64
     window = (slot // 2, 0)
     ids, pos = fixed_slot_segments(b, s, 4, 3 * slot // 4)
-    q, k, v, dout = _qkvd(11, b, s, hq, hkv, d, jnp.bfloat16)
+    q, k, v, dout = random_qkv(11, b, s, hq, hkv, d, jnp.bfloat16)
     mesh = Mesh(np.asarray(devices), ("cp",))
     reorder = lambda x: ta.reorder_causal_load_balancing(x, strategy=ta.ReorderStrategy.Striped, cp_size=cp, seq_dim=1,  # noqa: E731
                                                          stripe_size=stripe)
@@ -410,7 +404,7 @@ def _te_emulated_case(ta, strategies: Sequence[str], plumbing: bool) -> dict:
     cp, b, s, hq, hkv, d = 4, 2, 512, 8, 2, 64
     window = (40, 0)
     ids, pos = fixed_slot_segments(b, s, 4, 96)
-    q, k, v, dout = _qkvd(5, b, s, hq, hkv, d, jnp.bfloat16)
+    q, k, v, dout = random_qkv(5, b, s, hq, hkv, d, jnp.bfloat16)
     tol = tolerance(jnp.bfloat16)
     metrics = {}
 
@@ -462,7 +456,7 @@ def _oracle_case(cfg: dict) -> dict:
 
     b, s, hq, hkv, d, window = cfg["b"], cfg["s"], cfg["hq"], cfg["hkv"], cfg["d"], cfg["window"]
     ids, pos = jnp.asarray(cfg["ids"]), jnp.asarray(cfg["pos"])
-    q, k, v, dout = _qkvd(cfg.get("seed", 3), b, s, hq, hkv, d, jnp.float32)
+    q, k, v, dout = random_qkv(cfg.get("seed", 3), b, s, hq, hkv, d, jnp.float32)
     scale = d ** -0.5
     spec = MaskSpec(padding=True, causal=True, window=(-1, 0) if window is None else window)
     vis = visibility(ids, ids, pos, pos, spec)                       # [b, s, s]

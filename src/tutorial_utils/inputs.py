@@ -14,23 +14,29 @@ import numpy as np
 
 from .workload import Workload
 
-__all__ = ["make_qkv", "fixed_slot_segments", "pack_segments", "workload_segments", "random_segment_lengths"]
+__all__ = ["random_qkv", "make_qkv", "fixed_slot_segments", "pack_segments", "workload_segments", "random_segment_lengths"]
 
 
-def make_qkv(workload: Workload, seed: int = 2026, dtype=None):
-    """``q, k, v, dout`` with shapes ``[b, s, hq, d]``, ``[b, s, hkv, d]`` x2, ``[b, s, hq, d]``."""
+def random_qkv(seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype):
+    """``q, k, v, dout`` drawn from one seed: ``[b, s, hq, d]``, ``[b, s, hkv, d]`` x2, ``[b, s, hq, d]``."""
     import jax
 
-    dtype = workload.jnp_dtype if dtype is None else dtype
     kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
-    q_shape = (workload.batch, workload.seq_len, workload.num_q_heads, workload.head_dim)
-    kv_shape = (workload.batch, workload.seq_len, workload.num_kv_heads, workload.head_dim)
+    q_shape = (batch, seq_len, num_q_heads, head_dim)
+    kv_shape = (batch, seq_len, num_kv_heads, head_dim)
     return (
         jax.random.normal(kq, q_shape).astype(dtype),
         jax.random.normal(kk, kv_shape).astype(dtype),
         jax.random.normal(kv, kv_shape).astype(dtype),
         jax.random.normal(kd, q_shape).astype(dtype),
     )
+
+
+def make_qkv(workload: Workload, seed: int = 2026, dtype=None):
+    """The workload's ``q, k, v, dout`` (see :func:`random_qkv`), in its dtype unless ``dtype`` is given."""
+    dtype = workload.jnp_dtype if dtype is None else dtype
+    return random_qkv(seed, workload.batch, workload.seq_len, workload.num_q_heads, workload.num_kv_heads,
+                      workload.head_dim, dtype)
 
 
 def fixed_slot_segments(batch: int, seq_len: int, slots: int, valid_per_slot: int):
