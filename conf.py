@@ -206,6 +206,15 @@ copybutton_prompt_text = r">>> |\.\.\. |\$ |In \[\d*\]: | {2,5}\.\.\.: | {5,8}: 
 copybutton_prompt_is_regexp = True
 
 
+def _te_docstring(app, what, name, obj, options, lines):
+    """Names the facade hands over to TransformerEngine are documented by TE, not here."""
+    module = getattr(obj, "__module__", "") or ""
+    if module.startswith("transformer_engine"):
+        lines[:] = [f"TransformerEngine's own ``{module}.{getattr(obj, '__qualname__', name)}``; see TE's "
+                    "documentation. (It is TE's code, here running with the backend named on each page.)"]
+
+
 def setup(app):
     app.connect("source-read", _api_source)
+    app.connect("autodoc-process-docstring", _te_docstring)
     app.connect("env-get-outdated", _env_get_outdated)

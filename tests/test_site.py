@@ -85,6 +85,9 @@ def _run_sphinx(log_name: str) -> float:
         proc = subprocess.run(
             [sys.executable, *SPHINX_ARGS],
             cwd=ROOT,
+            # the site is built as `make docs` builds it: TE's own code (TE-on-CPU here), not
+            # the reference backend the unit tests pin in conftest.py
+            env={k: v for k, v in os.environ.items() if k != "TUTORIAL_TE_BACKEND"},
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

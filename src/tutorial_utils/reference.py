@@ -32,7 +32,8 @@ from jax import lax
 
 from .validation import check_gqa_heads, check_window
 
-__all__ = ["MaskSpec", "LSE_EMPTY", "visibility", "dense_attention", "blockwise_attention", "bottom_right_positions"]
+__all__ = ["MaskSpec", "LSE_EMPTY", "visibility", "dense_attention", "blockwise_attention", "blockwise_backward",
+           "bottom_right_positions"]
 
 #: log-sum-exp of a row that sees no key. Finite (unlike -inf) so that CP merges never
 #: produce NaN; ``exp(LSE_EMPTY - x) == 0`` for any real ``x``. TE uses -5.965e29.
@@ -47,6 +48,12 @@ class MaskSpec:
     padding: bool = True
     causal: bool = True
     window: Tuple[int, int] = (-1, -1)
+    #: Kernel mode, used by the cuDNN-contract kernel in :mod:`tutorial_utils.te_on_cpu`:
+    #: ``ids_q``/``pos_q`` hold each query row's inclusive ``[lo, hi]`` range of key rows
+    #: and ``pos_kv`` holds each key's row index (``ids_kv`` is ignored but for block
+    #: padding). A row with ``lo > hi`` sees nothing. ``padding``/``causal``/``window`` are
+    #: then already folded into the ranges and ignored.
+    bounds: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "window", check_window(self.window))
@@ -56,6 +63,8 @@ def visibility(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec):
     """``[b, sq, skv]`` boolean: may query i attend key j (see module docstring)."""
     iq, ik = ids_q[:, :, None], ids_kv[:, None, :]
     pq, pk = pos_q[:, :, None], pos_kv[:, None, :]
+    if spec.bounds:
+        return (ik >= 0) & (pk >= iq) & (pk <= pq)
     vis = (iq >= 0) & (ik >= 0)  # negative ids mark block padding added internally
     if spec.padding:
         vis = vis & (iq == ik) & (iq > 0)
@@ -161,6 +170,12 @@ def _block_stats(ids, pos, nblocks, block, padding):
 def block_needed(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec, block_q: int, block_kv: int):
     """``[nq, nk]`` bool: can any (query, key) pair in this block pair be visible? Conservative."""
     nq, nk = ids_q.shape[1] // block_q, ids_kv.shape[1] // block_kv
+    if spec.bounds:
+        real_q = (ids_q <= pos_q).reshape(ids_q.shape[0], nq, block_q)
+        lo = jnp.min(jnp.where(real_q, ids_q.reshape(real_q.shape), _BIG), axis=(0, 2))
+        hi = jnp.max(jnp.where(real_q, pos_q.reshape(real_q.shape), -_BIG), axis=(0, 2))
+        ka, _, _, kpmin, kpmax = _block_stats(ids_kv, pos_kv, nk, block_kv, False)
+        return ka[None, :] & (lo[:, None] <= kpmax[None, :]) & (hi[:, None] >= kpmin[None, :])
     qa, qimin, qimax, qpmin, qpmax = _block_stats(ids_q, pos_q, nq, block_q, spec.padding)
     ka, kimin, kimax, kpmin, kpmax = _block_stats(ids_kv, pos_kv, nk, block_kv, spec.padding)
     need = qa[:, None] & ka[None, :]
@@ -236,7 +251,7 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
         lo, hi = _needed_range(need[i])
         m, l, acc, mx = lax.fori_loop(lo, hi, kv_step, carry0)
         out, lse = _finalize(m, l, acc)
-        row_real = (iq > 0) if spec.padding else (iq >= 0)
+        row_real = (iq <= pq) if spec.bounds else (iq > 0) if spec.padding else (iq >= 0)
         has_key = jnp.isfinite(mx) & row_real[:, None, None, :]
         out = jnp.where(has_key[..., None], out, 0.0)
         lse = jnp.where(has_key, lse, LSE_EMPTY)
@@ -333,6 +348,29 @@ def _round_block(block: int, length: int) -> int:
     return max(1, min(block, length))
 
 
+def _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_kv):
+    """Pad the sequence axes to whole blocks and compute which block pairs are needed."""
+    for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
+        if not isinstance(blk, int) or blk < 1:
+            raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
+    sq, skv, hq, hkv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    check_gqa_heads(hq, hkv)
+    bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
+    sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
+    qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)
+    kp, vp = _pad_seq(k, skv_p, 0), _pad_seq(v, skv_p, 0)
+    iq, ik = _pad_seq(ids_q.astype(jnp.int32), sq_p, -1), _pad_seq(ids_kv.astype(jnp.int32), skv_p, -1)
+    # padded query rows see nothing: ids -1 (segments), or the empty range [-1, -1 - 1] (bounds)
+    pq = _pad_seq(pos_q.astype(jnp.int32), sq_p, -2 if spec.bounds else 0)
+    pk = _pad_seq(pos_kv.astype(jnp.int32), skv_p, 0)
+    need = lax.stop_gradient(block_needed(iq, ik, pq, pk, spec, bq, bk))
+    return (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk)
+
+
+def _sink_array(sink, hq):
+    return jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq)
+
+
 def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
                         sink=None, block_q: int = 128, block_kv: int = 128, return_max_logit: bool = False):
     """Flash-style reference attention; same arguments and results as :func:`dense_attention`.
@@ -341,25 +379,39 @@ def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, 
     forward and in both backward passes. With ``return_max_logit`` also returns the per-row
     maximum visible logit ``[b, hq, sq]`` (not differentiated).
     """
-    for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
-        if not isinstance(blk, int) or blk < 1:
-            raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
-    b, sq, hq, d = q.shape
-    skv, hkv = k.shape[1], k.shape[2]
-    check_gqa_heads(hq, hkv)
-    bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
-    sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
-    qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)
-    kp, vp = _pad_seq(k, skv_p, 0), _pad_seq(v, skv_p, 0)
-    iq, ik = _pad_seq(ids_q.astype(jnp.int32), sq_p, -1), _pad_seq(ids_kv.astype(jnp.int32), skv_p, -1)
-    pq, pk = _pad_seq(pos_q.astype(jnp.int32), sq_p, 0), _pad_seq(pos_kv.astype(jnp.int32), skv_p, 0)
-    need = lax.stop_gradient(block_needed(iq, ik, pq, pk, spec, bq, bk))
-    use_sink = sink is not None
-    sink_arr = (jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq))
-    cfg = (spec, float(scale), bq, bk, use_sink)
-    out, lse, mx = _flash(cfg, qp, kp, vp, sink_arr, iq, ik, pq, pk, need)
+    b, sq, hq, _ = q.shape
+    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec,
+                                                                  block_q, block_kv)
+    cfg = (spec, float(scale), bq, bk, sink is not None)
+    out, lse, mx = _flash(cfg, qp, kp, vp, _sink_array(sink, hq), iq, ik, pq, pk, need)
     out = out[:, :sq].reshape(b, sq, hq, -1)
     lse = lse[..., :sq].reshape(b, hq, sq)
     if return_max_logit:
         return out, lse, lax.stop_gradient(mx[..., :sq].reshape(b, hq, sq))
     return out, lse
+
+
+def blockwise_backward(q, k, v, ids_q, ids_kv, pos_q, pos_kv, out, lse, dout, *, scale: float,
+                       spec: MaskSpec = MaskSpec(), sink=None, block_q: int = 128, block_kv: int = 128):
+    """Gradients ``(dq, dk, dv, dsink)`` of :func:`blockwise_attention` from a *given* output and LSE.
+
+    Why: a flash kernel's backward does not recompute the softmax normaliser; it takes the
+    forward's ``out`` and ``lse`` (``P = exp(S - lse)``, ``D = rowsum(dO * O)``). Ring
+    attention relies on that: every step's backward is handed the *merged* output and LSE.
+    ``lse`` is ``[b, hq, sq]``; ``dsink`` is ``[hq]`` float32 (zeros without a sink).
+    """
+    b, sq, hq, _ = q.shape
+    hkv = k.shape[2]
+    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec,
+                                                                  block_q, block_kv)
+    sq_p = qp.shape[1]
+    cfg = (spec, float(scale), bq, bk, sink is not None)
+    out_p = _pad_seq(_split_gqa(out.astype(jnp.float32), hkv), sq_p, 0.0)
+    dout_p = _pad_seq(_split_gqa(dout.astype(jnp.float32), hkv), sq_p, 0.0)
+    lse_p = jnp.pad(lse.astype(jnp.float32).reshape(b, hkv, hq // hkv, sq), [(0, 0)] * 3 + [(0, sq_p - sq)],
+                    constant_values=LSE_EMPTY)
+    sink_arr = _sink_array(sink, hq)
+    res = (qp, kp, vp, sink_arr, iq, ik, pq, pk, need, out_p, lse_p)
+    dq, dk, dv, dsink, *_ = _flash_bwd(cfg, res, (dout_p, None, None))
+    return (dq[:, :sq].reshape(q.shape).astype(q.dtype), dk[:, :k.shape[1]].astype(k.dtype),
+            dv[:, :v.shape[1]].astype(v.dtype), dsink)

@@ -176,3 +176,123 @@ def check_ulysses_heads(num_q_heads: int, num_kv_heads: int, cp_size: int) -> No
                 f"{name}={heads} is not divisible by cp_size={cp_size}: Ulysses all-to-all gives each rank "
                 f"{name}/cp_size whole heads. Use Ring or AllGather, or a cp_size that divides {heads}."
             )
+
+
+# ----------------------------------------------------------------------------- AllGather: TE's per-rank metadata
+
+
+def _first_true(mask, size):
+    """``jnp.where(mask, size=size, fill_value=-1)[0]`` for a 1-D mask."""
+    idx = np.nonzero(mask)[0][:size]
+    return np.concatenate([idx, np.full(size - len(idx), -1, np.int64)])
+
+
+def _compact(ids, pos):
+    """Valid tokens moved to the front in order (padding zeros behind), as TE's helpers do."""
+    keep = ids != 0
+    vid, vpos = np.zeros_like(ids), np.zeros_like(pos)
+    vid[:keep.sum()], vpos[:keep.sum()] = ids[keep], pos[keep]
+    return vid, vpos, vid != 0
+
+
+def _rank_metadata(ids, pos, ids_ag, pos_ag, max_segs):
+    """One row of one rank: TE 2.20.2's ``*_for_striped_for_rank`` results (q lens, q offs, kv lens, kv offs)."""
+    n = len(ids)
+    vid, vpos, valid = _compact(ids, pos)
+    # q_seqlens_for_striped_for_rank: runs of valid tokens, split where the id changes or pos jumps
+    change = np.concatenate([valid[:1], (vid[1:] != vid[:-1]) | (vpos[1:] != vpos[:-1] + 1)])
+    run = np.where(valid, np.cumsum(change), 0)
+    q_lens = np.bincount(run[run <= max_segs], minlength=max_segs + 1)[1:max_segs + 1]
+    q_lens = np.where(q_lens == 0, -1, q_lens)
+    # q_seqoffsets_for_striped_for_rank: run starts seen from position jumps over all local tokens
+    jump = np.concatenate([[True], pos[1:] != pos[:-1] + 1])
+    q_offs = _first_true(jump & (ids != 0), max_segs)
+    # kv_seqlens_for_striped_for_rank: last position of each run + 1
+    end = np.concatenate([((vid[1:] != vid[:-1]) & valid[1:]) | (vpos[1:] != vpos[:-1] + 1), valid[-1:]])
+    last = _first_true(end & valid, max_segs)
+    kv_lens = np.where(last >= 0, vpos[np.maximum(last, 0)] + 1, -1)
+    # kv_seqoffsets_for_striped_for_rank: the start of the run's segment in the gathered row
+    seg_of_run = np.where(q_offs >= 0, ids[np.where(q_offs >= 0, q_offs, n - 1)], -1)
+    jump_ag = np.concatenate([[True], pos_ag[1:] != pos_ag[:-1] + 1])
+    starts_ag = _first_true(jump_ag & (ids_ag != 0), max_segs)
+    kv_offs = np.where(seg_of_run > 0, starts_ag[np.clip(seg_of_run - 1, 0, max_segs - 1)], -1)
+    return q_lens, q_offs, kv_lens, kv_offs
+
+
+def _fix_len_take(x, keep, fill):
+    flat, keep = x.reshape(-1), keep.reshape(-1)
+    out = np.full(flat.shape, fill, flat.dtype)
+    out[:keep.sum()] = flat[keep]
+    return out
+
+
+def _kernel_key_ranges(q_lens, q_offs, kv_lens, kv_offs, rows_q, rows_kv, left):
+    """What cuDNN reads from the metadata (after ``FusedAttnFwdPrimitive.impl`` packs it): for each
+    flattened query row, the inclusive range of gathered key rows it attends (PADDING_CAUSAL_BOTTOM_RIGHT)."""
+    batch = q_lens.shape[0]
+    base = np.arange(batch)[:, None]
+    ql = _fix_len_take(q_lens, q_lens > 0, 0)
+    kl = _fix_len_take(kv_lens, kv_lens > 0, 0)
+    qo = _fix_len_take(np.where(q_offs >= 0, q_offs + base * rows_q, q_offs), q_offs >= 0, batch * rows_q)
+    ko = _fix_len_take(np.where(kv_offs >= 0, kv_offs + base * rows_kv, kv_offs), kv_offs >= 0, batch * rows_kv)
+    lo = np.zeros(batch * rows_q, np.int64)
+    hi = np.full(batch * rows_q, -1, np.int64)
+    for s in range(len(ql)):  # a later segment overwrites an earlier one's rows, as in the CPU kernel
+        if ql[s] <= 0:
+            continue
+        rows = np.arange(qo[s], min(qo[s] + ql[s], batch * rows_q))
+        diag = ko[s] + (rows - qo[s]) + (kl[s] - ql[s])
+        hi[rows] = np.minimum(ko[s] + kl[s] - 1, diag)
+        lo[rows] = np.maximum(ko[s], diag - left) if left >= 0 else ko[s]
+    return lo, hi
+
+
+def allgather_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size: int, max_segments_per_seq: int,
+                       window_size=None) -> Optional[str]:
+    """Where TE's THD AllGather CP would pair a query with the wrong keys, or ``None``.
+
+    Why: TE does not send segment ids to cuDNN. Each rank rebuilds run lengths and offsets
+    from its *reordered local* ids and positions, and finds run starts in two different
+    ways: from changes of id or position among the valid tokens (lengths), and from
+    position jumps over all local tokens, padding included (offsets). When the two disagree,
+    typically because the token before a run start (padding whose position keeps counting,
+    or the end of another document) has position ``start - 1``, lengths and offsets fall
+    out of step and whole runs attend the wrong keys, silently. This function replays that
+    metadata (TE 2.20.2's ``*_for_striped_for_rank`` helpers) and the kernel's reading of
+    it, and compares every query's key range with the true one.
+    """
+    from .reorder import striped_permutation
+
+    ids = np.asarray(segment_ids)
+    pos = np.asarray(segment_pos)
+    batch, seq = ids.shape
+    left = check_window(window_size)[0]
+    local = seq // cp_size
+    perm = striped_permutation(seq, cp_size, stripe_size)
+    max_segs = seq // (stripe_size * cp_size) + max_segments_per_seq  # TE's adjusted count
+    starts = np.zeros_like(ids)
+    for b in range(batch):
+        for sid in np.unique(ids[b][ids[b] > 0]):
+            starts[b, ids[b] == sid] = np.nonzero(ids[b] == sid)[0][0]
+    for r in range(cp_size):
+        tokens = perm[r * local:(r + 1) * local]  # global index of each local row
+        meta = [_rank_metadata(ids[b, tokens], pos[b, tokens], ids[b], pos[b], max_segs) for b in range(batch)]
+        q_lens, q_offs, kv_lens, kv_offs = (np.stack(m) for m in zip(*meta))
+        lo, hi = _kernel_key_ranges(q_lens, q_offs, kv_lens, kv_offs, local, seq, left)
+        for b in range(batch):
+            for i, g in enumerate(tokens):
+                row = b * local + i
+                if ids[b, g] == 0:
+                    want = None
+                else:
+                    first = starts[b, g] + (max(0, pos[b, g] - left) if left >= 0 else 0)
+                    want = (b * seq + first, b * seq + starts[b, g] + pos[b, g])
+                got = None if lo[row] > hi[row] else (int(lo[row]) - b * seq, int(hi[row]) - b * seq)
+                if want is not None:
+                    want = (want[0] - b * seq, want[1] - b * seq)
+                if got != want:
+                    what = "padding (segment id 0)" if want is None else f"segment {ids[b, g]}, position {pos[b, g]}"
+                    return (f"row {b}, token {g} ({what}) lands on rank {r} and would attend keys "
+                            f"{'none' if got is None else f'{got[0]}..{got[1]}'} instead of "
+                            f"{'none' if want is None else f'{want[0]}..{want[1]}'}")
+    return None

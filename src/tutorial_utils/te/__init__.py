@@ -1,8 +1,11 @@
 """Drop-in for ``import transformer_engine.jax as te``: ``import tutorial_utils.te as te``.
 
-``te.attention``, ``te.sharding``, ``te.autocast`` and ``te.MeshResource`` are TE's own objects
-when real TransformerEngine imports and a GPU is present, and the pure-JAX reference
-otherwise. ``te.backend_name()`` says which one produced your outputs.
+On a GPU node with TransformerEngine installed, ``te.attention``, ``te.sharding``,
+``te.autocast`` and ``te.MeshResource`` come from real TE. On a machine without CUDA they come
+from TE's same JAX code, with :mod:`tutorial_utils.te_on_cpu`'s reference kernel in place of
+cuDNN. ``fused_attn`` is TE's, behind a few static checks for inputs TE would silently get
+wrong. ``TUTORIAL_TE_BACKEND=reference`` selects the pure-JAX re-implementation instead.
+``te.backend_name()`` says which one produced your outputs.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from contextlib import contextmanager
 from typing import Optional
 
 from . import attention, sharding  # noqa: F401
-from ._backend import REAL_TE, backend_name, using_real_te  # noqa: F401
+from ._backend import REAL_TE, backend_kind, backend_name, using_real_te, using_te_code  # noqa: F401
 from .sharding import MeshResource  # noqa: F401
 
-__all__ = ["attention", "sharding", "autocast", "MeshResource", "backend_name", "using_real_te"]
+__all__ = ["attention", "sharding", "autocast", "MeshResource", "backend_name", "backend_kind", "using_real_te",
+           "using_te_code"]
 
 if REAL_TE is not None:
     autocast = REAL_TE.autocast

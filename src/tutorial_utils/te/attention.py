@@ -1,10 +1,13 @@
 """``transformer_engine.jax.attention`` with the same names, signatures and defaults (TE 2.20.2).
 
-Why: readers copy these calls into models that run real TE. On a GPU node with TE
-installed, every name here *is* TE's (``fused_attn`` adds only the static checks below,
-which catch inputs TE would silently get wrong). Elsewhere the names are implemented by
-the pure-JAX reference (:mod:`tutorial_utils.reference`, :mod:`tutorial_utils.context_parallel`),
-including context parallelism over the active mesh.
+Why: readers copy these calls into models that run real TE. Whenever TE's own Python runs
+(real TE on a GPU node, or TE's JAX code on CPU with :mod:`tutorial_utils.te_on_cpu`'s
+kernel), every name here is TE's, and ``fused_attn`` is TE's behind
+:func:`silent_failure_checks`: static checks for the inputs TE accepts and computes
+*wrongly* (each has a test in which TE, without the check, returns a wrong result). Under
+``TUTORIAL_TE_BACKEND=reference`` the names are implemented by the pure-JAX reference
+(:mod:`tutorial_utils.reference`, :mod:`tutorial_utils.context_parallel`), with
+:func:`static_checks` standing in for the errors TE itself would raise.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .sharding import batch_axes, cp_axis_and_size
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
     "SequenceDescriptor", "fused_attn", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "is_fused_attn_kernel_available", "static_checks",
+    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks",
 ]
 
 
@@ -95,6 +98,39 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
     return window
 
 
+def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
+                          context_parallel_causal_load_balanced, stripe_size, cp_size) -> None:
+    """Raise ``ValueError`` for CP inputs that TE 2.20.2 accepts and computes wrongly.
+
+    Only static values are read, so nothing is added to the traced computation. Each rule
+    is here because TE's own code, run on CPU, returns wrong outputs without it
+    (``tests/test_te_on_cpu.py::test_each_facade_check_prevents_a_wrong_result``):
+
+    * THD Ring with ``stripe_size > 1``: TE's ring steps assume stripes of one token;
+    * THD Ring with a left window ``< cp_size - 1``: cuDNN cannot express the empty band of
+      a striped ring step, so spurious pairs appear;
+    * THD AllGather without ``context_parallel_causal_load_balanced=True``: TE then treats
+      the striped shards as contiguous.
+    """
+    if cp_size <= 1 or not _name(qkv_layout).startswith("T"):
+        return
+    window = check_window(window_size)
+    if _name(context_parallel_strategy) == "RING":
+        if stripe_size not in (None, 1):
+            raise ValueError(f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
+                             "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
+                             "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes.")
+        if window[0] != -1 and window[0] < cp_size - 1:
+            raise ValueError(f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must "
+                             f"be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or use "
+                             "CPStrategy.ALL_GATHER.")
+    elif not context_parallel_causal_load_balanced:
+        raise ValueError("context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE "
+                         "then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with "
+                         "reorder_causal_load_balancing(..., ReorderStrategy.Striped, cp_size, 1, stripe_size) and "
+                         "pass context_parallel_causal_load_balanced=True.")
+
+
 def _unpack_qkv(qkv, qkv_layout):
     if not isinstance(qkv, (tuple, list)) or not 1 <= len(qkv) <= 3:
         raise ValueError(f"qkv must be a tuple (packed,), (q, kv) or (q, k, v); got {type(qkv).__name__} of length "
@@ -126,15 +162,12 @@ if REAL_TE is not None:
                    context_parallel_axis="", context_checkpoint_name="context", softmax_offset=None, stripe_size=None,
                    score_mod=None, score_mod_bprop=None, score_mod_tensors=None, score_mod_bprop_tensors=None,
                    return_max_logit=False):
-        """TE's ``fused_attn`` after :func:`static_checks`."""
-        q, k, _ = _unpack_qkv(qkv, qkv_layout)
+        """TE's ``fused_attn`` after :func:`silent_failure_checks`."""
         _, _, cp_size = cp_axis_and_size(context_parallel_axis)
-        static_checks(q.shape, k.shape, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
-                      softmax_type=softmax_type, dropout_probability=dropout_probability,
-                      max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                      context_parallel_strategy=context_parallel_strategy,
-                      context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
-                      stripe_size=stripe_size, cp_size=cp_size)
+        silent_failure_checks(qkv_layout=qkv_layout, window_size=window_size,
+                              context_parallel_strategy=context_parallel_strategy,
+                              context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
+                              stripe_size=stripe_size, cp_size=cp_size)
         return _te_fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                               attn_mask_type=attn_mask_type, qkv_layout=qkv_layout, softmax_type=softmax_type,
                               scaling_factor=scaling_factor, dropout_probability=dropout_probability,
