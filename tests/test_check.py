@@ -16,32 +16,40 @@ ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^(PASS|FAIL|SKIP) \S.*: .+$")
 
 
-def _env(devices=None):
+def _env(devices=None, backend="reference"):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
-    env["TUTORIAL_TE_BACKEND"] = "reference"
+    env["TUTORIAL_TE_BACKEND"] = backend
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
 @pytest.mark.slow
 def test_check_quick_on_one_cpu_device(tmp_path):
+    """On CPU the te-* checks run TE's own code with the CPU kernel, and say so."""
     out = tmp_path / "sub" / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.check", "--quick", "--out", str(out)], env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.check", "--quick", "--out", str(out)],
+                          env=_env(backend="te-cpu"),
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#") and not l.startswith("check:")]
     assert lines and all(LINE.match(l) for l in lines), lines
     report = json.loads(out.read_text())
-    assert report["ok"] is True and report["real_te"] is False
+    assert report["ok"] is True and report["real_te"] is False and report["te_backend_kind"] == "te-cpu"
     assert report["summary"]["FAIL"] == 0 and report["summary"]["PASS"] >= 8
     assert report["environment"]["platform"] == "cpu" and report["environment"]["device_count"] == 1
     checks = {c["name"]: c for c in report["checks"]}
     te_checks = [c for n, c in checks.items() if n.startswith("te-")]
-    assert te_checks and all(c["verdict"] == "SKIP" and c["detail"] == "real TE not active" for c in te_checks)
+    for c in te_checks:
+        if c["name"].startswith("te-cp-"):  # one device: nothing to shard over
+            assert c["verdict"] == "SKIP" and "needs >= 2 devices" in c["detail"], c
+        else:
+            assert c["verdict"] == "PASS" and c["detail"].endswith("[TE-on-CPU: TE's JAX code, CPU reference kernel "
+                                                                   "in place of cuDNN]"), c
+    assert {"te-fused-attn:thd-gqa-swa", "te-emulated-subproblems"} <= set(checks)
     # one device: cp=1 plus the 4-rank split computed one rank at a time
     for strategy in ("allgather", "ring", "ulysses"):
         assert checks[f"cp-{strategy} (cp=1, cpu)"]["verdict"] == "PASS"
@@ -73,13 +81,13 @@ def _run(**kw):
     return {r.name: r for r in results}, lines
 
 
-def test_cp_strategies_on_the_four_test_devices():
+def test_cp_strategies_on_the_eight_test_devices():
     import jax
 
-    assert len(jax.devices()) == 4
+    assert len(jax.devices()) == 8
     results, lines = _run(quick=True, only="cp-ring (")
-    assert list(results) == ["cp-ring (cp=4, cpu)"]
-    assert results["cp-ring (cp=4, cpu)"].verdict == "PASS", lines
+    assert list(results) == ["cp-ring (cp=8, cpu)"]
+    assert results["cp-ring (cp=8, cpu)"].verdict == "PASS", lines
 
 
 @pytest.mark.slow

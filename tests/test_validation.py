@@ -189,13 +189,37 @@ def test_positions_not_from_zero():
         validate_packed_inputs(ids, pos, max_segments_per_seq=2)
 
 
-def test_allgather_slot_not_aligned():
+def test_allgather_hidden_run_start():
     ids, pos = row(*([1] * 6 + [2] * 6 + [0] * 4))
-    with pytest.raises(ValueError, match=r"segment 2 starts at token 6, not a multiple of cp_size\*stripe_size=8"):
+    with pytest.raises(ValueError, match=r"strategy='allgather', cp_size=4, stripe_size=2: row 0, token 8 "
+                                         r"\(segment 2, position 2\) lands on rank 0"):
         validate_packed_inputs(ids, pos, max_segments_per_seq=2, cp_size=4, stripe_size=2, strategy="allgather")
     # the same rows are fine for Ring (stripe 1) and without CP
     validate_packed_inputs(ids, pos, max_segments_per_seq=2, cp_size=4, strategy="ring", window_size=(-1, 0))
     validate_packed_inputs(ids, pos, max_segments_per_seq=2)
+
+
+def test_allgather_accepts_te_deep_dive_layout_with_unaligned_start():
+    """TE's own example (a document starting at token 21, cp 4, stripe 4): TE computes it exactly."""
+    ids = np.array([[1] * 8 + [0] * 13 + [2] * 32 + [0] * 11], np.int32)
+    pos = np.array([list(range(21)) + list(range(32)) + [0] * 11], np.int32)
+    validate_packed_inputs(ids, pos, max_segments_per_seq=3, cp_size=4, stripe_size=4, strategy="allgather")
+
+
+def test_allgather_rejects_aligned_slots_whose_padding_restarts_at_zero():
+    """Slot-aligned segments are not enough: padding positions 0, 1, ... can hide a run start.
+
+    Rank 1 holds tokens 13 (segment 2, pos 1), 17 (padding, pos 0) and 21 (segment 3, pos 1):
+    pos 0 -> 1 looks like one run, so TE misses segment 3's start there (TE-on-CPU: error 1.75).
+    """
+    ids = np.array([[1] * 12 + [2] * 5 + [0] * 3 + [3] * 12], np.int32)
+    pos = np.array([list(range(12)) + list(range(5)) + [0, 1, 2] + list(range(12))], np.int32)
+    with pytest.raises(ValueError, match=r"cp_size=4, stripe_size=1: row 0, token 21 \(segment 3, position 1\) "
+                                         r"lands on rank 1 and would attend keys none instead of 20..21"):
+        validate_packed_inputs(ids, pos, max_segments_per_seq=3, cp_size=4, stripe_size=1, strategy="allgather")
+    keep_counting = pos.copy()
+    keep_counting[0, 17:20] = [5, 6, 7]
+    validate_packed_inputs(ids, keep_counting, max_segments_per_seq=3, cp_size=4, stripe_size=1, strategy="allgather")
 
 
 @pytest.mark.parametrize("ids, pos, kw, pattern", [

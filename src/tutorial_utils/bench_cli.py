@@ -870,7 +870,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     from .bench import make_record
     from .workcount import attention_flops
     from .inputs import make_qkv, workload_segments
-    from .records import write_record
+    from .records import source_for, write_record
 
     platform = jax.default_backend()
     kernel = args.kernel
@@ -949,10 +949,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
         raise SystemExit("bench: every case failed:\n" + "\n".join(f"  {f['strategy']} stripe={f['stripe_size']} "
                                                                   f"window={f['window']}: {f['error']}" for f in failures))
 
-    if platform == "gpu":
-        source = "gpu-emulated" if emulate else "gpu"
-    else:
-        source = "cpu-reference"
+    source = source_for(platform, te.backend_kind(), emulated=bool(emulate))
     n_dev = 1 if emulate else len(jax.devices())
     label = args.label or (f"{preset} on {n_dev}x {device_kind}" + (f", {cp} ranks emulated" if emulate else ""))
     config = wl.as_dict()

@@ -8,8 +8,8 @@ the hardware and software facts as JSON. The exit code is non-zero when any chec
 
 Checks:
 
-* ``te-*`` (real TransformerEngine only; SKIP with "real TE not active" elsewhere): TE's
-  ``fused_attn`` against the reference on small THD and BSHD configurations and on the seed
+* ``te-*`` (TE's own code: real TE on a GPU node, TE-on-CPU elsewhere, each labelled; SKIP
+  under ``TUTORIAL_TE_BACKEND=reference``): TE's ``fused_attn`` against the reference on small THD and BSHD configurations and on the seed
   shape (a subset of query rows), outputs and gradients within TE's bf16 tolerance
   (``rtol = atol = eps**(2/3) = 0.039``), padded rows ~0; TE's Ring and AllGather CP on the
   devices present; and the ragged sub-problems that ``bench --emulate-ranks`` times.
@@ -48,7 +48,7 @@ __all__ = ["CheckResult", "tolerance", "compare", "run_checks", "build_parser", 
            "FUSED_ATTN_PARAMS", "KERNEL_AVAILABLE_PARAMS", "MESH_RESOURCE_FIELDS"]
 
 VERDICTS = ("PASS", "FAIL", "SKIP")
-NOT_ACTIVE = "real TE not active"
+NOT_ACTIVE = "TE's code not active (TUTORIAL_TE_BACKEND=reference)"
 
 #: TE 2.20.2 ``transformer_engine.jax.attention.fused_attn`` parameters, in order.
 FUSED_ATTN_PARAMS = (
@@ -641,7 +641,7 @@ def _signature_case() -> dict:
     members = tuple(m.name for m in ta.CPStrategy)
     if members != CP_STRATEGY_MEMBERS:
         problems.append(f"CPStrategy members {members} != {CP_STRATEGY_MEMBERS}")
-    if te.using_real_te():  # the facade's wrapper must mirror the installed TE exactly
+    if te.using_te_code():  # the facade's wrapper must mirror the installed TE exactly
         import transformer_engine.jax.attention as real
 
         for name in ("fused_attn",):
@@ -692,9 +692,15 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
 
     devices = list(jax.devices()) if devices is None else list(devices)
     results: List[CheckResult] = []
-    real = te.using_real_te()
-    te_mode = real or te_plumbing
-    suffix = "" if real else " [reference facade: plumbing self-test, not TE]"
+    real = te.using_real_te()  # real TE with cuDNN on a GPU
+    te_code = te.using_te_code()  # real TE, or TE's JAX code on CPU
+    te_mode = te_code or te_plumbing
+    if real:
+        suffix = ""
+    elif te_code:
+        suffix = " [TE-on-CPU: TE's JAX code, CPU reference kernel in place of cuDNN]"
+    else:
+        suffix = " [reference facade: plumbing self-test, not TE]"
 
     def want(name: str) -> bool:
         return only is None or only in name
@@ -742,8 +748,8 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
     if not te_mode:
         skip(name, NOT_ACTIVE)
     else:
-        strategies = ("allgather", "ring") if real else ("ring",)
-        note = "" if real else " (allgather: overlapping key runs need real TE)"
+        strategies = ("allgather", "ring") if te_code else ("ring",)
+        note = "" if te_code else " (allgather: overlapping key runs need TE's code)"
         add(name, lambda: _te_emulated_case(ta, strategies, plumbing=not real),
             lambda m: f"{len(m)} sub-problems, worst {max(m.values()) if m else 0:.2f}x tol{note}{suffix}")
 
@@ -819,6 +825,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "summary": summary,
         "te_backend": te.backend_name(),
         "real_te": te.using_real_te(),
+        "te_backend_kind": te.backend_kind(),
         "devices": [str(d) for d in jax.devices()],
         "options": {"quick": args.quick, "te_plumbing": args.te_plumbing, "only": args.only},
         "environment": env,

@@ -49,20 +49,38 @@ __all__ = [
     "default_results_dir",
     "source_title",
     "group_by_source",
+    "source_for",
 ]
 
 SCHEMA = "cp-bench/1"
 
 #: Allowed values of ``source``.
-SOURCES = ("cpu-reference", "gpu", "gpu-emulated", "published")
+SOURCES = ("cpu-te", "cpu-reference", "gpu", "gpu-emulated", "gpu-reference", "published")
 
 #: How each source is named wherever records are shown.
 SOURCE_TITLES = {
-    "cpu-reference": "this machine (CPU, reference backend)",
+    "cpu-te": "this machine (CPU, TE's JAX code with a CPU reference kernel)",
+    "cpu-reference": "this machine (CPU, pure-JAX reference backend)",
+    "gpu-reference": "GPU run without TransformerEngine (pure-JAX reference)",
     "gpu": "GPU run",
     "gpu-emulated": "per-rank emulation on one GPU (predicted multi-GPU step, not measured)",
     "published": "published",
 }
+
+
+
+def source_for(platform: str, backend_kind: str, emulated: bool = False) -> str:
+    """The honest ``source`` of a run: where it ran and what computed the attention.
+
+    ``backend_kind`` is ``tutorial_utils.te.backend_kind()``: ``'te'`` (TE with cuDNN),
+    ``'te-cpu'`` (TE's JAX code, CPU reference kernel) or ``'reference'`` (pure JAX).
+    """
+    if platform == "gpu":
+        if backend_kind != "te":
+            return "gpu-reference"
+        return "gpu-emulated" if emulated else "gpu"
+    return "cpu-te" if backend_kind == "te-cpu" else "cpu-reference"
+
 
 _CONFIG_INT_FIELDS = ("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim", "cp_size")
 _RESULT_OPTIONAL_POSITIVE = ("min_ms", "median_ms", "speedup")

@@ -1,10 +1,16 @@
 """Checks for the inputs under which TransformerEngine silently returns wrong results.
 
 Why: TE's THD context-parallel paths derive cuDNN's ragged metadata from segment ids and
-positions with fast host-free tricks (bincount, run starts found from position jumps).
+positions with fast device-side tricks (bincount, run starts found from position jumps).
 Those tricks assume a layout; outside it TE does not raise, it computes a *different*
 attention. Every check here raises ``ValueError`` naming the parameter, the offending
-value and the fix, so a user learns it before a week of training on garbage.
+value and the fix.
+
+The checks are exact, not rules of thumb: for well-formed packed rows (segment ids 1..N in
+order of appearance, each segment contiguous, positions counting from 0 inside it; padding
+anywhere, with any positions) :func:`validate_packed_inputs` accepts a layout if and only if
+TE 2.20.2's own code computes it correctly. ``tests/test_te_on_cpu.py`` checks both
+directions against TE's code running on CPU.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["check_window", "check_gqa_heads", "check_divisible_seq", "validate_packed_inputs", "first_violation"]
+__all__ = ["check_window", "check_gqa_heads", "check_divisible_seq", "validate_packed_inputs", "first_violation",
+           "allgather_mismatch"]
 
 
 def check_window(window, name: str = "window_size") -> Tuple[int, int]:
@@ -114,7 +121,8 @@ def validate_packed_inputs(segment_ids, segment_pos, *, max_segments_per_seq: in
             continue
         present = row_ids[valid]
         top = int(present.max())
-        if top > max_segments_per_seq:
+        # AllGather raises the limit to seq/(cp*stripe) + max_segments_per_seq; its check is below
+        if top > max_segments_per_seq and not (strat == "allgather" and cp_size > 1):
             raise ValueError(
                 f"segment_ids row {b} uses id {top} > max_segments_per_seq={max_segments_per_seq}; TE drops such "
                 f"tokens silently (treats them as padding). Pass max_segments_per_seq>={top}."
@@ -145,15 +153,18 @@ def validate_packed_inputs(segment_ids, segment_pos, *, max_segments_per_seq: in
                     f"segment_pos row {b}, segment {sid}: token {bad} of the segment has pos {int(seg_pos[bad])}, "
                     f"expected {bad}; positions must count 0,1,2,... from each segment's first token."
                 )
-            if strat == "allgather" and cp_size > 1:
-                align = cp_size * st
-                # The slot starts where the segment starts; TE finds run starts from position jumps.
-                if idx[0] % align:
-                    raise ValueError(
-                        f"segment_ids row {b}: segment {sid} starts at token {idx[0]}, not a multiple of "
-                        f"cp_size*stripe_size={align}; AllGather CP finds segment starts from position jumps and can "
-                        f"pair the wrong keys. Start every segment slot at a multiple of {align} (pad with id 0)."
-                    )
+    if strat == "allgather" and cp_size > 1:
+        where = allgather_mismatch(ids, pos, cp_size=cp_size, stripe_size=st, max_segments_per_seq=max_segments_per_seq,
+                                   window_size=window_size)
+        if where is not None:
+            raise ValueError(
+                f"segment_ids/segment_pos with strategy='allgather', cp_size={cp_size}, stripe_size={st}: {where}. "
+                "Each rank finds its run starts twice, from id/position changes among valid tokens and from "
+                "position jumps among all local tokens (padding included); here the two disagree, e.g. because "
+                "the token before a run start has the run's first position minus 1. Fix: start every segment slot "
+                f"(segment plus its padding) at a multiple of cp_size*stripe_size={cp_size * st} and let padding "
+                "positions keep counting from the segment, or use strategy='ring' with stripe_size=1."
+            )
     if strat == "ring" and cp_size > 1:
         if st != 1:
             raise ValueError(
