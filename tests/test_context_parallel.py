@@ -208,7 +208,8 @@ def test_aligned_layout_is_te_safe():
                            window_size=(16, 0))
     validate_packed_inputs(ids, pos, max_segments_per_seq=3, cp_size=CP, stripe_size=1, strategy="ring",
                            window_size=(CP - 1, 0))
-    with pytest.raises(ValueError, match="not a multiple of cp_size\\*stripe_size"):
+    with pytest.raises(ValueError, match=r"strategy='allgather', cp_size=4, stripe_size=1: row 1, token 4 "
+                                         r"\(segment 2, position 1\) lands on rank 0"):
         validate_packed_inputs(*LAYOUTS["unaligned"], max_segments_per_seq=4, cp_size=CP, stripe_size=1,
                                strategy="allgather")
 

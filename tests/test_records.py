@@ -132,7 +132,7 @@ def test_results_dir_override(tmp_path, monkeypatch):
 
 
 def test_source_titles_keep_sources_apart():
-    assert source_title(_measured()).startswith("this machine (CPU, reference backend)")
+    assert source_title(_measured()).startswith("this machine (CPU, pure-JAX reference backend)")
     assert source_title(_published()).startswith("published")
     groups = records.group_by_source([_published(), _measured(), _published()])
     assert list(groups) == ["cpu-reference", "published"]
@@ -232,3 +232,12 @@ def test_extra_keys_are_allowed():
     rec["config"]["stripe_size"] = 16
     rec["results"][0]["first_call_ms"] = 900.0
     validate_record(rec)
+
+
+def test_source_for_names_what_computed_the_attention():
+    assert records.source_for("gpu", "te") == "gpu"
+    assert records.source_for("gpu", "te", emulated=True) == "gpu-emulated"
+    assert records.source_for("gpu", "reference") == "gpu-reference"  # never labelled as a TE or CPU run
+    assert records.source_for("cpu", "te-cpu") == "cpu-te"
+    assert records.source_for("cpu", "reference") == "cpu-reference"
+    assert all(records.source_for(p, k) in records.SOURCES for p in ("cpu", "gpu") for k in ("te", "te-cpu", "reference"))
