@@ -599,12 +599,19 @@ def _resolve(args, parser):
     """Workload, strategies, stripes, windows after checking them against the preset; errors name the option."""
     from .runtime import gpu_present
     from .validation import check_ulysses_heads
-    from .workload import get_workload
+    from .workload import fit_cp_to_devices, get_workload
 
     preset = args.preset or os.environ.get("CP_TUTORIAL_PRESET") or ("seed" if gpu_present() else "cpu")
     if preset not in ("seed", "cpu", "tiny"):
         _fail(parser, "--preset", f"unknown preset {preset!r} (from $CP_TUTORIAL_PRESET); choose seed, cpu or tiny")
     wl = get_workload(preset)
+    if not (args.emulate_ranks or args.cp):  # the CP size a mesh over the visible devices can have
+        import jax
+
+        try:
+            wl = fit_cp_to_devices(wl, len(jax.devices()))
+        except ValueError as err:
+            _fail(parser, "--cp", str(err))
     cp = args.emulate_ranks or args.cp or wl.cp_size
     if args.emulate_ranks and args.cp and args.cp != args.emulate_ranks:
         _fail(parser, "--cp", f"--cp {args.cp} contradicts --emulate-ranks {args.emulate_ranks}; give one of them")
@@ -950,7 +957,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
                                                                   f"window={f['window']}: {f['error']}" for f in failures))
 
     source = source_for(platform, te.backend_kind(), emulated=bool(emulate))
-    n_dev = 1 if emulate else len(jax.devices())
+    n_dev = 1 if emulate else cp  # devices the CP mesh used (not all the visible ones)
     label = args.label or (f"{preset} on {n_dev}x {device_kind}" + (f", {cp} ranks emulated" if emulate else ""))
     config = wl.as_dict()
     config.update({

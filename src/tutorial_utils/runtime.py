@@ -19,18 +19,44 @@ __all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
 _FLAG = "--xla_force_host_platform_device_count"
 
 
+def _cuda_plugin_installed() -> bool:
+    import importlib.util
+
+    names = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:  # a missing parent package (jax_plugins)
+            continue
+    return False
+
+
 def gpu_present() -> bool:
-    """True when an NVIDIA GPU is visible to the driver (checked without importing JAX)."""
+    """True when an NVIDIA GPU is visible: to JAX if it is already running, else to the driver.
+
+    Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
+    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
+    """
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
+    if "jax" in sys.modules:
+        import jax
+
+        try:
+            return any(d.platform == "gpu" for d in jax.devices())
+        except RuntimeError:
+            return False
     smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    has_node = any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
+    return has_node and _cuda_plugin_installed()
 
 
 def setup_devices(num_cpu_devices: int = 4) -> None:
@@ -74,7 +100,11 @@ def backend_line(workload=None) -> str:
     simulated = " (simulated host devices)" if platform_name == "cpu" and count > 1 else ""
     line = f"Backend: {te.backend_name()} | devices: {count} x {platform_name} [{kinds}]{simulated}"
     if workload is not None:
-        line += f" | preset: {workload.name}"
+        line += f" | cp: {workload.cp_size} | preset: {workload.name}"
+        if workload.cp_size == 1:
+            line += ("\nOnly one device, so CP size 1: every CP call below runs without context parallelism "
+                     "(still correct). To see CP on this machine, run on simulated CPU devices with TE-on-CPU: "
+                     "CUDA_VISIBLE_DEVICES= XLA_FLAGS=--xla_force_host_platform_device_count=4.")
     return line
 
 
@@ -87,6 +117,15 @@ def _pkg_version(name: str):
         return None
 
 
+def _first_version(*names):
+    """Version of the first installed package among ``names`` (cu13 and cu12 wheels differ in name)."""
+    for name in names:
+        ver = _pkg_version(name)
+        if ver:
+            return f"{ver} ({name})"
+    return None
+
+
 def environment_record() -> dict:
     """Hardware and software facts to store with every benchmark record."""
     import jax
@@ -96,6 +135,7 @@ def environment_record() -> dict:
     platform_name, count, kinds = _devices_summary()
     rec = {
         "backend": te.backend_name(),
+        "backend_kind": te.backend_kind(),
         "platform": platform_name,
         "device_count": count,
         "device_kind": kinds,
@@ -114,6 +154,7 @@ def environment_record() -> dict:
         if smi:
             out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
             rec["gpu"] = out.stdout.strip()
-        rec["cuda"] = _pkg_version("nvidia-cuda-runtime-cu12")
-        rec["cudnn"] = _pkg_version("nvidia-cudnn-cu12")
+        rec["cuda"] = _first_version("nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12")
+        rec["cudnn"] = _first_version("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
+        rec["cudnn_frontend"] = _pkg_version("nvidia-cudnn-frontend")
     return rec

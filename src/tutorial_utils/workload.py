@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Tuple
 
-__all__ = ["Workload", "PRESETS", "get_workload", "preset_from_env"]
+__all__ = ["Workload", "PRESETS", "get_workload", "preset_from_env", "fit_cp_to_devices", "workload_for_devices"]
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -140,4 +141,52 @@ def get_workload(name: str, **overrides) -> Workload:
 
 def preset_from_env(default: str = "cpu") -> Workload:
     """The preset named by ``CP_TUTORIAL_PRESET`` (the one switch between a laptop and a GPU node)."""
-    return get_workload(os.environ.get("CP_TUTORIAL_PRESET", default))
+    name = os.environ.get("CP_TUTORIAL_PRESET", default)
+    if name not in PRESETS:
+        raise ValueError(f"CP_TUTORIAL_PRESET={name!r} is unknown; set it to one of {sorted(PRESETS)} or unset it.")
+    return PRESETS[name]
+
+
+def _fits(wl: Workload, cp: int) -> bool:
+    return all(wl.seq_len % (cp * st) == 0 for st in (wl.stripe_size, wl.ring_stripe_size))
+
+
+def fit_cp_to_devices(wl: Workload, num_devices: int) -> Workload:
+    """``wl`` with ``cp_size`` set to the CP size a mesh over ``num_devices`` devices can have.
+
+    Why: data reordered for one CP size and sharded over a mesh of another is silently
+    wrong in TE (a cp=4 reorder undone with cp=2, or no CP at all on one device). So the CP
+    size comes from the devices that exist: ``CP_TUTORIAL_CP`` when set (it must not exceed
+    the device count), else the largest size up to ``num_devices`` that divides the row
+    into whole stripes.
+    """
+    if not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"num_devices={num_devices!r} must be a positive int.")
+    env = os.environ.get("CP_TUTORIAL_CP", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"CP_TUTORIAL_CP={env!r} must be a positive integer (the CP mesh size), or unset.")
+        cp = int(env)
+        if cp > num_devices:
+            raise ValueError(f"CP_TUTORIAL_CP={cp} but only {num_devices} device(s) are visible; set it to at most "
+                             f"{num_devices}, or expose more devices (XLA_FLAGS=--xla_force_host_platform_device_count="
+                             f"{cp} on CPU, before JAX starts).")
+        if not _fits(wl, cp):
+            raise ValueError(f"CP_TUTORIAL_CP={cp} does not divide preset {wl.name!r}'s rows of {wl.seq_len} tokens "
+                             f"into stripes of {wl.stripe_size}; pick a power of two up to {num_devices}.")
+    else:
+        cp = max(c for c in range(1, num_devices + 1) if _fits(wl, c))
+    return wl.replace(cp_size=cp)
+
+
+def workload_for_devices(default: str = "cpu") -> Workload:
+    """The ``CP_TUTORIAL_PRESET`` preset with its CP size fitted to the devices JAX sees.
+
+    Call it after ``import jax``; every chapter that builds a mesh uses it, so the mesh, the
+    reorders and the ``Backend:`` line all agree on one CP size.
+    """
+    if "jax" not in sys.modules:
+        raise RuntimeError("workload_for_devices() needs JAX's devices: import jax first (after setup_devices()).")
+    import jax
+
+    return fit_cp_to_devices(preset_from_env(default), len(jax.devices()))

@@ -1,0 +1,34 @@
+"""Execute one chapter with N simulated CPU devices and print its text outputs as JSON.
+
+Run as a script (``python tests/notebook_runner.py N 04_striped_load_balancing``) so that the
+device count is fixed before JAX starts in the kernel, whatever the calling process did.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main(devices: int, name: str) -> None:
+    import jupytext
+    import nbclient
+
+    nb = jupytext.read(ROOT / "notebooks" / f"{name}.md")
+    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    texts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            texts.append(out.get("text") or out.get("data", {}).get("text/markdown", "")
+                         or out.get("data", {}).get("text/plain", ""))
+    print(json.dumps({"devices": devices, "chapter": name, "outputs": texts}))
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1])
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    main(n, sys.argv[2])

@@ -1,0 +1,67 @@
+"""Chapters 4 and 5 on 1, 2 and 8 simulated devices (the site is built with 4), with TE's code.
+
+The CP size follows the devices (``workload_for_devices``), every reorder uses it, and each
+page says what it did: a single device runs without CP and says so, two devices have no room
+for a (dp, cp) mesh, eight give a 2 x 4 one (and Ulysses cannot split 4 KV heads over 8).
+Every chapter asserts its own results against the single-device run, so an execution that
+finishes is also a correct one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tutorial_utils.workload import fit_cp_to_devices, get_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("devices, cp", [(1, 1), (2, 2), (3, 2), (4, 4), (6, 4), (8, 8)])
+def test_cp_size_follows_the_devices(devices, cp, monkeypatch):
+    monkeypatch.delenv("CP_TUTORIAL_CP", raising=False)
+    assert fit_cp_to_devices(get_workload("cpu"), devices).cp_size == cp
+
+
+def test_cp_override_is_checked(monkeypatch):
+    monkeypatch.setenv("CP_TUTORIAL_CP", "2")
+    assert fit_cp_to_devices(get_workload("seed"), 8).cp_size == 2
+    monkeypatch.setenv("CP_TUTORIAL_CP", "8")
+    with pytest.raises(ValueError, match=r"CP_TUTORIAL_CP=8 but only 4 device\(s\) are visible"):
+        fit_cp_to_devices(get_workload("cpu"), 4)
+    monkeypatch.setenv("CP_TUTORIAL_CP", "eight")
+    with pytest.raises(ValueError, match=r"CP_TUTORIAL_CP='eight' must be a positive integer"):
+        fit_cp_to_devices(get_workload("cpu"), 4)
+    monkeypatch.setenv("CP_TUTORIAL_CP", "3")
+    with pytest.raises(ValueError, match=r"CP_TUTORIAL_CP=3 does not divide preset 'cpu'"):
+        fit_cp_to_devices(get_workload("cpu"), 4)
+
+
+def _run(devices: int, chapter: str, tmp_path) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS", "CP_TUTORIAL_CP")}
+    env["CP_TUTORIAL_RECORDS_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_runner.py"), str(devices), chapter],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return "\n".join(json.loads(proc.stdout.strip().splitlines()[-1])["outputs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2, 8])
+@pytest.mark.parametrize("chapter", ["04_striped_load_balancing", "05_ring_vs_allgather"])
+def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
+    text = _run(devices, chapter, tmp_path)
+    assert f"devices: {devices} x cpu" in text and f"| cp: {devices} |" in text
+    assert "TransformerEngine 2.20.2 (its JAX code; CPU reference kernel in place of cuDNN)" in text
+    if devices == 1:
+        assert "Only one device, so CP size 1" in text
+    if chapter.startswith("05"):
+        mesh = {1: "dp=1, cp=1", 2: "dp=1, cp=2", 8: "dp=2, cp=4"}[devices]
+        assert f"(strategy ({mesh})" in text or f"strategy ({mesh})" in text
+        if devices < 4:
+            assert "too few for data and context parallelism together" in text
+        if devices == 8:
+            assert "ulysses   skipped: 4 KV heads cannot be split over cp=8 devices" in text
