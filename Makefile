@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check clean
+.PHONY: help venv test test-fast docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check gpu-bundle gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
@@ -13,7 +13,9 @@ help:
 	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
-	@echo "make gpu-setup - install the GPU extra (jax[cuda12], transformer-engine[jax])"
+	@echo "make gpu-setup - on a CUDA 12/13 node: JAX with CUDA, cuDNN >= 9.12 check, TE 2.20.2 built against that JAX"
+	@echo "make gpu-bundle- download and split the files of an offline TE install into gpu-bundle/"
+	@echo "make gpu-run   - one GPU, no index: install gpu-bundle/, check TE, time the seed workload (records in results/)"
 	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
 
 $(STAMP): pyproject.toml
@@ -51,15 +53,32 @@ bench-cpu: $(STAMP)
 plan: $(STAMP)
 	$(PY) -m tutorial_utils.plan --preset seed --hardware GB200
 
-# TE compiles its JAX extension against the installed JAX: install JAX first, then TE
-# without build isolation (needs the CUDA toolkit headers and cuDNN; see docs/gpu.md).
+# TE compiles its JAX extension against the installed JAX: keep a preinstalled CUDA JAX (or
+# install jax[cuda12|cuda13] for the CUDA found), check cuDNN >= 9.12, then build TE without
+# build isolation (needs the CUDA headers; see docs/gpu.md).
+GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.gpu_setup
 gpu-setup:
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
-	$(PY) -m pip install pybind11 ninja cmake 'jax[cuda12]>=0.10,<0.11'
-	NVTE_FRAMEWORK=jax $(PY) -m pip install --no-build-isolation 'transformer-engine[jax]==2.20.2'
+	$(PY) -m pip install pybind11 ninja cmake nvidia-cudnn-frontend
+	cuda=$$($(GPU_SETUP) cuda) && \
+	  ($(PY) -c "import jax; assert jax.default_backend() == 'gpu'" 2>/dev/null || \
+	   $(PY) -m pip install "jax[cuda$$cuda]>=0.10,<0.12") && \
+	  $(GPU_SETUP) cudnn && \
+	  NVTE_FRAMEWORK=jax $(PY) -m pip install --no-build-isolation "transformer-engine[jax,core-cu$$cuda]==2.20.2"
 	$(PY) -m pip install -e '.[test,docs]'
 	touch $(STAMP)
+
+# One GPU, no package index: `make gpu-bundle` on a machine with one, carry gpu-bundle/ over
+# (pieces of at most 60 MiB, with checksums), then `make gpu-run` there (about 11 minutes).
+GPU_PY ?= python3
+GPU_BUNDLE ?= gpu-bundle
+GPU_OUT ?= results
+gpu-bundle: $(STAMP)
+	$(PY) -m tutorial_utils.gpu_setup bundle $(GPU_BUNDLE) --cuda 13 --python-version 3.12
+
+gpu-run:
+	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
 
 gpu-check:
 	$(PY) -m tutorial_utils.check --out results/checks/gpu-check.json
