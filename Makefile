@@ -4,12 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check gpu-bundle gpu-run clean
+.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check gpu-bundle gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
 	@echo "make test      - create .venv if needed and run the whole test suite (includes the site build)"
 	@echo "make test-fast - unit tests only (no site build, no browser)"
+	@echo "make test-py312- the unit tests again under Python 3.12 with JAX 0.11 (.venv312)"
 	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
@@ -32,6 +33,16 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The second tested stack: Python 3.12 with JAX 0.11 (the full suite runs on 3.11 + JAX 0.10).
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+VENV312 := .venv312
+test-py312:
+	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
+	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test]'
+	CP_VALIDATOR_EXAMPLES=10 $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 docs: $(STAMP)
 	$(PY) -m sphinx -b html -W --keep-going -j 1 . _build/html

@@ -111,6 +111,7 @@ API_MODULE_ORDER = [
     "te",
     "te.attention",
     "te.sharding",
+    "te_on_cpu",
     "records",
     "workcount",
     "comm",
