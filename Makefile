@@ -41,7 +41,7 @@ test-py312:
 	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
 	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test]'
+	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test,docs]'
 	CP_VALIDATOR_EXAMPLES=10 $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 docs: $(STAMP)

@@ -96,12 +96,33 @@ def _split_gqa(x, hkv):
     return x.reshape(b, s, hkv, h // hkv, d)
 
 
-def _finalize(m, l, acc):
-    has = l > 0
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    lse = jnp.where(has, m_safe + jnp.log(jnp.where(has, l, 1.0)), LSE_EMPTY)
-    out = jnp.where(has[..., None], acc / jnp.where(has, l, 1.0)[..., None], 0.0)
+def _finalize(m, l, acc, seen):
+    """Output and LSE of rows that saw a key (``seen``); rows that saw none give 0 and ``LSE_EMPTY``.
+
+    A NaN/Inf logit makes ``m`` or ``l`` NaN, and the NaN flows through to the row's output
+    and LSE: divergence is never turned into zeros.
+    """
+    l_safe = jnp.where(seen, l, 1.0)
+    m_fin = jnp.where(jnp.isfinite(m), m, 0.0)
+    lse = jnp.where(seen, m_fin + jnp.log(l_safe), LSE_EMPTY)
+    out = jnp.where(seen[..., None], acc / l_safe[..., None], 0.0)
     return out, lse
+
+
+def _clean_values(v):
+    """``(v with non-finite entries set to 0, [b, s, h] bool: the entry had a NaN/Inf)``.
+
+    Why: a masked key has probability exactly 0, but ``0 * NaN = NaN``. Multiplying clean
+    values and marking, per query row, whether a *visible* key's value was bad keeps a NaN
+    where it belongs (rows that attend to it) and nowhere else.
+    """
+    finite = jnp.isfinite(v)
+    return jnp.where(finite, v, 0.0), ~jnp.all(finite, axis=-1)
+
+
+def _sees_bad(vis, bad):
+    """``[b, h, 1, q]``: does the row attend to a key whose value (for KV head h) is NaN/Inf."""
+    return jnp.any(vis & jnp.transpose(bad, (0, 2, 1))[:, :, None, None, :], axis=-1)
 
 
 def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
@@ -132,11 +153,11 @@ def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec
     l = jnp.sum(p, axis=-1)
     if sink is not None:
         l = l + jnp.exp(sink_b - m_safe)
-    acc = jnp.einsum("bhgqk,bkhd->bhgqd", p, v.astype(jnp.float32))
-    out, lse = _finalize(m, l, acc)
-    row_has_key = jnp.any(vis, axis=-1)  # [b,1,1,sq]
-    out = jnp.where(row_has_key[..., None], out, 0.0)
-    lse = jnp.where(row_has_key, lse, LSE_EMPTY)
+    v_clean, bad = _clean_values(v.astype(jnp.float32))
+    acc = jnp.einsum("bhgqk,bkhd->bhgqd", p, v_clean)
+    out, lse = _finalize(m, l, acc, jnp.any(vis, axis=-1))
+    poison = lax.stop_gradient(jnp.where(_sees_bad(vis, bad), jnp.nan, 0.0))  # NaN values seen: NaN out
+    out, lse = out + poison[..., None], lse + poison
     out = out.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, -1).astype(q.dtype)
     return out, lse.reshape(b, hq, sq)
 
@@ -215,7 +236,9 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
     b, sq, hkv, g, d = q.shape
     dv = v.shape[-1]
     nq, nk = sq // bq, k.shape[1] // bk
-    kb, vb = _blocks(k, nk, bk), _blocks(v, nk, bk)
+    v_clean, bad = _clean_values(v.astype(jnp.float32))
+    any_bad = jnp.any(bad)  # the usual case has none: skip the per-tile bookkeeping then
+    kb, vb, badb = _blocks(k, nk, bk), _blocks(v_clean, nk, bk), _blocks(bad, nk, bk)
     ikb, pkb = _blocks(ids_kv, nk, bk), _blocks(pos_kv, nk, bk)
 
     def q_block(i):
@@ -229,33 +252,35 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
         else:
             m0 = jnp.full(shape, -jnp.inf, jnp.float32)
             l0 = jnp.zeros(shape, jnp.float32)
-        carry0 = (m0, l0, jnp.zeros(shape + (dv,), jnp.float32), jnp.full(shape, -jnp.inf, jnp.float32))
+        flags = jnp.zeros((b, hkv, 1, bq), bool)
+        carry0 = (m0, l0, jnp.zeros(shape + (dv,), jnp.float32), jnp.full(shape, -jnp.inf, jnp.float32), flags,
+                  flags)
 
         def kv_step(j, carry):
             def compute(carry):
-                m, l, acc, mx = carry
+                m, l, acc, mx, seen, poisoned = carry
                 s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kb[:, j].astype(jnp.float32)) * scale
                 vis = visibility(iq, ikb[:, j], pq, pkb[:, j], spec)[:, None, None]
-                s = jnp.where(vis, s, -jnp.inf)
+                s = jnp.where(vis, s, -jnp.inf)  # NaN logits of masked pairs are dropped here
                 s_max = jnp.max(s, axis=-1)
                 m_new = jnp.maximum(m, s_max)
                 m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
                 alpha = jnp.exp(m - m_safe)
                 p = jnp.exp(s - m_safe[..., None])
                 l = l * alpha + jnp.sum(p, axis=-1)
-                acc = acc * alpha[..., None] + jnp.einsum("bhgqk,bkhd->bhgqd", p, vb[:, j].astype(jnp.float32))
-                return m_new, l, acc, jnp.maximum(mx, s_max)
+                acc = acc * alpha[..., None] + jnp.einsum("bhgqk,bkhd->bhgqd", p, vb[:, j])
+                poisoned = lax.cond(any_bad, lambda: poisoned | _sees_bad(vis, badb[:, j]), lambda: poisoned)
+                return m_new, l, acc, jnp.maximum(mx, s_max), seen | jnp.any(vis, axis=-1), poisoned
 
             return lax.cond(need[i, j], compute, lambda c: c, carry)
 
         lo, hi = _needed_range(need[i])
-        m, l, acc, mx = lax.fori_loop(lo, hi, kv_step, carry0)
-        out, lse = _finalize(m, l, acc)
+        m, l, acc, mx, seen, poisoned = lax.fori_loop(lo, hi, kv_step, carry0)
         row_real = (iq <= pq) if spec.bounds else (iq > 0) if spec.padding else (iq >= 0)
-        has_key = jnp.isfinite(mx) & row_real[:, None, None, :]
-        out = jnp.where(has_key[..., None], out, 0.0)
-        lse = jnp.where(has_key, lse, LSE_EMPTY)
-        return out, lse, mx
+        seen = jnp.broadcast_to(seen & row_real[:, None, None, :], shape)
+        out, lse = _finalize(m, l, acc, seen)
+        poison = jnp.where(poisoned & seen, jnp.nan, 0.0)
+        return out + poison[..., None], lse + poison, mx
 
     outs, lses, mxs = lax.map(q_block, jnp.arange(nq))
     # [nq, b, hkv, g, bq, ...] -> [b, sq, hkv, g, ...]
@@ -283,28 +308,43 @@ def _flash_bwd(cfg, res, cts):
     delta = jnp.einsum("bqhgd,bqhgd->bhgq", g_out, out)
     dterm = g_lse - delta  # ds = p * (dp + dterm)
 
+    def clean(x):
+        return jnp.where(jnp.isfinite(x), x, 0.0)
+
+    # Non-finite inputs are zeroed once, here, for the products below (see tile()).
+    bad_do = ~jnp.all(jnp.isfinite(g_out), axis=-1)  # [b, sq, hkv, g]: this row's dO has a NaN/Inf
+    any_bad_do = jnp.any(bad_do)
+    q, k, v, g_out = (clean(x.astype(jnp.float32)) for x in (q, k, v, g_out))
+
     def tile(i, j):
-        qi = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=1).astype(jnp.float32)
-        kj = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=1).astype(jnp.float32)
-        vj = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1).astype(jnp.float32)
-        doi = lax.dynamic_slice_in_dim(g_out, i * bq, bq, axis=1)
-        lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
-        dt_i = lax.dynamic_slice_in_dim(dterm, i * bq, bq, axis=3)
+        # Non-finite inputs are zeroed inside the products and come back through the forward's
+        # LSE instead: a row that saw a NaN has a NaN LSE, so its probabilities, dQ and the
+        # dK/dV of the keys it sees are NaN; masked pairs stay exactly 0.
         iq = lax.dynamic_slice_in_dim(ids_q, i * bq, bq, axis=1)
         pq = lax.dynamic_slice_in_dim(pos_q, i * bq, bq, axis=1)
         ik = lax.dynamic_slice_in_dim(ids_kv, j * bk, bk, axis=1)
         pk = lax.dynamic_slice_in_dim(pos_kv, j * bk, bk, axis=1)
-        s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj) * scale
         vis = visibility(iq, ik, pq, pk, spec)[:, None, None]
+        qi = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=1)
+        kj = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=1)
+        vj = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
+        doi = lax.dynamic_slice_in_dim(g_out, i * bq, bq, axis=1)
+        bad_i = jnp.transpose(lax.dynamic_slice_in_dim(bad_do, i * bq, bq, axis=1), (0, 2, 3, 1))[..., None]
+        # dV of a key is NaN exactly when a row that sees it has a non-finite dO: [b, hkv, bk]
+        dv_poison = lax.cond(any_bad_do, lambda: jnp.any(vis & bad_i, axis=(2, 3)),
+                             lambda: jnp.zeros((b, hkv, bk), bool))
+        lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
+        dt_i = lax.dynamic_slice_in_dim(dterm, i * bq, bq, axis=3)
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj) * scale
         p = jnp.where(vis, jnp.exp(jnp.where(vis, s, 0.0) - lse_i[..., None]), 0.0)
         dp = jnp.einsum("bqhgd,bkhd->bhgqk", doi, vj)
-        ds = p * (dp + dt_i[..., None])
-        return qi, kj, doi, p, ds
+        ds = jnp.where(vis, p * (dp + dt_i[..., None]), 0.0)
+        return qi, kj, doi, p, ds, dv_poison
 
     def dq_block(i):
         def step(j, acc):
             def compute(acc):
-                _, kj, _, _, ds = tile(i, j)
+                _, kj, _, _, ds, _ = tile(i, j)
                 return acc + scale * jnp.einsum("bhgqk,bkhd->bqhgd", ds, kj)
 
             return lax.cond(need[i, j], compute, lambda a: a, acc)
@@ -316,8 +356,9 @@ def _flash_bwd(cfg, res, cts):
         def step(i, acc):
             def compute(acc):
                 dk, dv = acc
-                qi, _, doi, p, ds = tile(i, j)
+                qi, _, doi, p, ds, dv_poison = tile(i, j)
                 dv = dv + jnp.einsum("bhgqk,bqhgd->bkhd", p, doi)
+                dv = jnp.where(jnp.transpose(dv_poison, (0, 2, 1))[..., None], jnp.nan, dv)
                 dk = dk + scale * jnp.einsum("bhgqk,bqhgd->bkhd", ds, qi)
                 return dk, dv
 
@@ -350,6 +391,8 @@ def _round_block(block: int, length: int) -> int:
 
 def _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_kv):
     """Pad the sequence axes to whole blocks and compute which block pairs are needed."""
+    # NumPy inputs behave as under jit (indexing them with a traced block index would fail)
+    q, k, v, ids_q, ids_kv, pos_q, pos_kv = (jnp.asarray(x) for x in (q, k, v, ids_q, ids_kv, pos_q, pos_kv))
     for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
         if not isinstance(blk, int) or blk < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
