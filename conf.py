@@ -12,6 +12,7 @@ build executes every chapter and an unchanged rebuild re-executes nothing.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -78,10 +79,12 @@ myst_heading_anchors = 3
 
 # -- MyST-NB execution ---------------------------------------------------------------------------
 nb_execution_mode = "cache"
-# One cache per (preset, backend): switching CP_TUTORIAL_PRESET or the backend re-executes
-# the chapters instead of reusing outputs made with another workload or on another machine.
+# One cache per (preset, backend, device count, CP size): switching any of them re-executes the
+# chapters instead of reusing outputs made with another workload, device count or machine.
+_DEVICES = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
 _CACHE_KEY = "-".join((os.environ.get("CP_TUTORIAL_PRESET", "default"),
-                       os.environ.get("TUTORIAL_TE_BACKEND", "auto"), "gpu" if gpu_present() else "cpu"))
+                       os.environ.get("TUTORIAL_TE_BACKEND", "auto"), "gpu" if gpu_present() else "cpu",
+                       f"{_DEVICES.group(1) if _DEVICES else 'all'}dev", "cp" + os.environ.get("CP_TUTORIAL_CP", "auto")))
 nb_execution_cache_path = str(ROOT / "_build" / f".jupyter_cache-{_CACHE_KEY}")
 nb_execution_raise_on_error = True
 nb_execution_allow_errors = False

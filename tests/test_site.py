@@ -87,7 +87,9 @@ def _run_sphinx(log_name: str) -> float:
             cwd=ROOT,
             # the site is built as `make docs` builds it: TE's own code (TE-on-CPU here), not
             # the reference backend the unit tests pin in conftest.py
-            env={k: v for k, v in os.environ.items() if k != "TUTORIAL_TE_BACKEND"},
+            # the unit tests pin in conftest.py; and with conf.py's four simulated devices, not the
+            # tests' eight
+            env={k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")},
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

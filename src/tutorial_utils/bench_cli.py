@@ -479,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=nonneg_int, default=2, help="untimed warm-up iterations after compilation (default 2)")
     p.add_argument("--out", default="results", help="folder for the record (default results/)")
     p.add_argument("--name", default=None, help="record file name (default <source>-<label>-<UTC time>.json)")
+    p.add_argument("--force", action="store_true", help="replace an existing record of the same --name")
     p.add_argument("--label", default=None, help="record label (default derived from preset and devices)")
     p.add_argument("--cp", type=positive_int, default=None,
                    help="CP size for real multi-device runs (default: the preset's cp_size)")
@@ -857,7 +858,13 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse ``argv``, run the benchmark, write the record; return ``{"path", "record"}``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .cli_types import record_file
     from .runtime import gpu_present
+
+    try:  # before any work: a bad --out/--name must not cost a whole benchmark
+        record_file(args.out, args.name, force=args.force)
+    except ValueError as err:
+        parser.error(str(err))
 
     emulate = args.emulate_ranks is not None
     # Before JAX starts: simulated CPU devices for a real multi-device CP run on a machine without GPUs.
@@ -997,7 +1004,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
         slug = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-").lower() or "bench"
         name = f"{source}-{slug}-{stamp}.json"
-    path = write_record(record, args.out, name=name)
+    path = write_record(record, args.out, name=name, overwrite=args.force)
     return {"path": path, "record": record}
 
 

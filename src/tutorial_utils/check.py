@@ -683,8 +683,11 @@ def _run(name: str, fn: Callable[[], dict], detail_fn: Callable[[dict], str], ou
 
 
 def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, only: Optional[str] = None,
-               echo: Callable[[str], None] = print) -> List[CheckResult]:
-    """Run every check (names containing ``only`` when given) and return their results."""
+               echo: Callable[[str], None] = print, list_only: bool = False) -> List[CheckResult]:
+    """Run every check (names containing ``only`` when given) and return their results.
+
+    ``list_only`` runs nothing and returns one SKIP result per check name.
+    """
     import jax
 
     from . import te
@@ -706,11 +709,15 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
         return only is None or only in name
 
     def add(name, fn, detail_fn):
-        if want(name):
+        if list_only:
+            results.append(CheckResult(name, "SKIP", "listed"))
+        elif want(name):
             _run(name, fn, detail_fn, results, echo)
 
     def skip(name, why):
-        if want(name):
+        if list_only:
+            results.append(CheckResult(name, "SKIP", "listed"))
+        elif want(name):
             res = CheckResult(name, "SKIP", why)
             results.append(res)
             echo(res.line())
@@ -798,11 +805,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--te-plumbing", action="store_true",
                    help="without real TE, run the te-* checks against the facade's reference backend (self-test only)")
     p.add_argument("--only", default=None, metavar="TEXT", help="run only checks whose name contains TEXT")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.out:
+        from .cli_types import output_file
+
+        try:  # before the checks run, so that their results are never lost
+            output_file("--out", args.out, force=args.force)
+        except ValueError as err:
+            parser.error(str(err))
     import jax
 
     from . import te
@@ -815,6 +831,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# {backend_line()}", flush=True)
     t0 = time.perf_counter()
     results = run_checks(quick=args.quick, te_plumbing=args.te_plumbing, only=args.only, echo=echo)
+    if args.only is not None and not results:
+        names = [r.name for r in run_checks(quick=args.quick, te_plumbing=args.te_plumbing, list_only=True)]
+        parser.error(f"argument --only: {args.only!r} matches no check; names are: {', '.join(names)}")
     summary = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     env = environment_record()
     env.update(_gpu_versions())

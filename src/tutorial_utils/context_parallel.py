@@ -151,6 +151,9 @@ def context_parallel_attention(q, k, v, segment_ids, segment_pos, *, mesh=None, 
     b, s, hq, _ = q.shape
     hkv = k.shape[2]
     check_gqa_heads(hq, hkv)
+    if stripe_size is not None and (isinstance(stripe_size, bool) or not isinstance(stripe_size, int) or stripe_size < 1):
+        raise ValueError(f"stripe_size={stripe_size!r} must be a positive int (or None for 1), the stripe used "
+                         "with reorder_causal_load_balancing.")
     st = 1 if stripe_size is None else stripe_size
     check_divisible_seq(s, cp, st if (load_balanced and reorder_strategy == ReorderStrategy.Striped) else 1, name="q.shape[1]")
     if segment_ids.shape != (b, s) or segment_pos.shape != (b, s):

@@ -21,6 +21,10 @@ def random_qkv(seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_hea
     """``q, k, v, dout`` drawn from one seed: ``[b, s, hq, d]``, ``[b, s, hkv, d]`` x2, ``[b, s, hq, d]``."""
     import jax
 
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("num_q_heads", num_q_heads),
+                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int.")
     kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
     q_shape = (batch, seq_len, num_q_heads, head_dim)
     kv_shape = (batch, seq_len, num_kv_heads, head_dim)

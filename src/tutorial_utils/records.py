@@ -202,12 +202,14 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if not str(k).startswith("_")}
 
 
-def write_record(record: dict, directory: PathLike = "results", name: Optional[str] = None) -> Path:
+def write_record(record: dict, directory: PathLike = "results", name: Optional[str] = None,
+                 overwrite: bool = True) -> Path:
     """Validate ``record`` and write it as pretty-printed JSON; return the file's path.
 
     ``schema`` is filled in when missing, and so is ``created`` (now, UTC) for every source
     except ``published``. The caller's dict is not modified. Without ``name`` the file is
-    called ``<source>-<label>.json``. An existing file of that name is replaced.
+    called ``<source>-<label>.json``. An existing file of that name is replaced unless
+    ``overwrite=False``, which raises ``FileExistsError`` instead.
     """
     if not isinstance(record, dict):
         raise ValueError(f"record must be a dict, got {type(record).__name__}.")
@@ -225,6 +227,8 @@ def write_record(record: dict, directory: PathLike = "results", name: Optional[s
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass another name (or overwrite=True / --force).")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -92,6 +92,10 @@ def validate_packed_inputs(segment_ids, segment_pos, *, max_segments_per_seq: in
     Pass the **global, un-reordered** ``[batch, seq]`` segment ids and positions (host arrays or
     concrete JAX arrays). ``strategy`` is ``'ring'``, ``'allgather'``, ``'ulysses'`` or a ``CPStrategy``.
     """
+    for name, value in (("cp_size", cp_size), ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a positive int" + (" (1 = no context parallelism)."
+                                                                       if name == "cp_size" else "."))
     ids = np.asarray(segment_ids)
     pos = np.asarray(segment_pos)
     if ids.ndim != 2:

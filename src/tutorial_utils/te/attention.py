@@ -485,6 +485,9 @@ else:
         del batch_size, q_dtype, kv_dtype, attn_mask_type, softmax_type, q_max_seqlen, kv_max_seqlen, head_dim_qk
         del head_dim_v, return_max_logit, bottom_right_diagonal, bias_batch, bias_heads, bias_seqlen_q, bias_seqlen_kv
         del max_segments_per_seq, qkv_layout
+        for name, value in (("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int (a head count).")
         try:
             check_window(window_size)
         except ValueError:
