@@ -130,7 +130,8 @@ def test_run_commands_are_accepted_by_the_real_clis(tmp_path):
 
 
 def test_make_gpu_run_dry_run():
-    proc = subprocess.run(["make", "-n", "gpu-run", "GPU_OUT=/tmp/out"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-run", "GPU_OUT=/tmp/out"], cwd=ROOT,
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "PYTHONPATH=src python3 -m tutorial_utils.gpu_setup run --bundle gpu-bundle --out /tmp/out"
     dry = subprocess.run([sys.executable, "-m", "tutorial_utils.gpu_setup", "run", "--out", "/tmp/out", "--dry-run"],

@@ -314,6 +314,7 @@ def _flash_bwd(cfg, res, cts):
     # Non-finite inputs are zeroed once, here, for the products below (see tile()).
     bad_do = ~jnp.all(jnp.isfinite(g_out), axis=-1)  # [b, sq, hkv, g]: this row's dO has a NaN/Inf
     any_bad_do = jnp.any(bad_do)
+    dtypes = (q.dtype, k.dtype, v.dtype)  # gradients come back in the inputs' dtypes
     q, k, v, g_out = (clean(x.astype(jnp.float32)) for x in (q, k, v, g_out))
 
     def tile(i, j):
@@ -379,7 +380,7 @@ def _flash_bwd(cfg, res, cts):
     else:
         dsink = jnp.zeros_like(sink)
     none_int = [None] * 5
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dsink, *none_int)
+    return (dq.astype(dtypes[0]), dk.astype(dtypes[1]), dv.astype(dtypes[2]), dsink, *none_int)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
