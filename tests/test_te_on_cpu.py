@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from test_reference import _oracle_fn as _oracle  # jax.nn.dot_product_attention (xla) + gradients
 from test_reference import np_attention, np_visible, random_layout
 from tutorial_utils import te_on_cpu
 from tutorial_utils.te.attention import silent_failure_checks
@@ -124,18 +125,6 @@ def _qkv(seed, b, sq, skv, hq, hkv, dtype):
     ks = jax.random.split(jax.random.PRNGKey(seed), 4)
     return tuple(jax.random.normal(kk, shape, jnp.float32).astype(dtype) for kk, shape in zip(
         ks, [(b, sq, hq, D), (b, skv, hkv, D), (b, skv, hkv, D), (b, sq, hq, D)]))
-
-
-@functools.lru_cache(maxsize=None)
-def _oracle(scale):
-    """``jax.nn.dot_product_attention`` (xla) with an explicit boolean mask, fp32, and its gradients."""
-    def run(q, k, v, mask, dout):
-        def loss(q, k, v):
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="xla")
-            return jnp.sum(out * dout), out
-        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
-        return out, grads
-    return jax.jit(run)
 
 
 def _bottom_right(ids_q, ids_kv, pos_q):
