@@ -65,3 +65,16 @@ def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
             assert "too few for data and context parallelism together" in text
         if devices == 8:
             assert "ulysses   skipped: 4 KV heads cannot be split over cp=8 devices" in text
+
+
+def test_facade_refuses_data_reordered_for_another_cp_size():
+    """Eager call with concrete ids/positions: a cp=2 reorder (or none) on a cp=4 mesh raises, naming it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "reorder_mismatch_script.py")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "cp4 ok (2, 64, 2, 8)"
+    assert lines[1].startswith("cp 2 -> sequence_descriptor: the segment ids/positions look reordered for "
+                               "cp_size=2, but the mesh's CP axis has 4 devices")
+    assert lines[2].startswith("cp 1 -> sequence_descriptor: the segment ids/positions are not reordered")

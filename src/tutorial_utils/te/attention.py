@@ -26,7 +26,7 @@ from .sharding import batch_axes, cp_axis_and_size
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
     "SequenceDescriptor", "fused_attn", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks",
+    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks", "reorder_mismatch",
 ]
 
 
@@ -131,6 +131,41 @@ def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
                          "pass context_parallel_causal_load_balanced=True.")
 
 
+def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> Optional[str]:
+    """Why concrete ``[batch, seq]`` ids/positions were not striped for ``(cp_size, stripe_size)``, or ``None``.
+
+    Why: data striped for one CP size and sharded over a mesh of another is silently wrong in
+    TE (a cp=4 reorder undone with cp=2, or no CP at all on one device). Undoing the reorder
+    must give rows whose positions count 0, 1, 2, ... inside each segment; if another CP size
+    (or no reorder) does that instead, the message names it.
+    """
+    import numpy as np
+
+    from ..reorder import inverse_reorder_causal_load_balancing as undo
+    from ..validation import first_violation
+
+    ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
+    seq = ids.shape[-1]
+
+    def fits(cp, st):
+        if seq % (cp * st):
+            return False
+        args = [undo(x, ReorderStrategy.Striped, cp, 1, st) for x in (ids, pos)]
+        return first_violation(*args, max_segments_per_seq=max(1, int(ids.max()))) is None
+
+    stripe = stripe_size or 1
+    if fits(cp_size, stripe):
+        return None
+    for cp in (1, 2, 4, 8, 16, 32, 64):
+        if cp != cp_size and fits(cp, stripe):
+            return (f"the segment ids/positions look reordered for cp_size={cp}" if cp > 1 else
+                    "the segment ids/positions are not reordered") + (
+                f", but the mesh's CP axis has {cp_size} devices; reorder every token-indexed input with "
+                f"reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size={cp_size}, seq_dim=1, "
+                f"stripe_size={stripe}).")
+    return None  # no reading of the layout explains it better; the validator reports malformed rows
+
+
 def _unpack_qkv(qkv, qkv_layout):
     if not isinstance(qkv, (tuple, list)) or not 1 <= len(qkv) <= 3:
         raise ValueError(f"qkv must be a tuple (packed,), (q, kv) or (q, k, v); got {type(qkv).__name__} of length "
@@ -162,12 +197,21 @@ if REAL_TE is not None:
                    context_parallel_axis="", context_checkpoint_name="context", softmax_offset=None, stripe_size=None,
                    score_mod=None, score_mod_bprop=None, score_mod_tensors=None, score_mod_bprop_tensors=None,
                    return_max_logit=False):
-        """TE's ``fused_attn`` after :func:`silent_failure_checks`."""
+        """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids and
+        positions, :func:`reorder_mismatch`; under ``jit`` they are traced and only the static
+        checks apply)."""
         _, _, cp_size = cp_axis_and_size(context_parallel_axis)
         silent_failure_checks(qkv_layout=qkv_layout, window_size=window_size,
                               context_parallel_strategy=context_parallel_strategy,
                               context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
                               stripe_size=stripe_size, cp_size=cp_size)
+        ids_pos = None if sequence_descriptor is None else (sequence_descriptor.segment_ids[0],
+                                                            sequence_descriptor.segment_pos[0])
+        if (cp_size > 1 and _name(qkv_layout).startswith("T") and ids_pos is not None and ids_pos[0].size
+                and not any(isinstance(x, jax.core.Tracer) for x in ids_pos)):
+            why = reorder_mismatch(*ids_pos, cp_size=cp_size, stripe_size=stripe_size)
+            if why:
+                raise ValueError(f"sequence_descriptor: {why}")
         return _te_fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
                               attn_mask_type=attn_mask_type, qkv_layout=qkv_layout, softmax_type=softmax_type,
                               scaling_factor=scaling_factor, dropout_probability=dropout_probability,
