@@ -241,3 +241,7 @@ def test_source_for_names_what_computed_the_attention():
     assert records.source_for("cpu", "te-cpu") == "cpu-te"
     assert records.source_for("cpu", "reference") == "cpu-reference"
     assert all(records.source_for(p, k) in records.SOURCES for p in ("cpu", "gpu") for k in ("te", "te-cpu", "reference"))
+    with pytest.raises(ValueError, match=r"platform='tpu' must be 'cpu' or 'gpu'"):
+        records.source_for("tpu", "te")
+    with pytest.raises(ValueError, match=r"backend_kind='cudnn' must be"):
+        records.source_for("gpu", "cudnn")

@@ -75,6 +75,11 @@ def source_for(platform: str, backend_kind: str, emulated: bool = False) -> str:
     ``backend_kind`` is ``tutorial_utils.te.backend_kind()``: ``'te'`` (TE with cuDNN),
     ``'te-cpu'`` (TE's JAX code, CPU reference kernel) or ``'reference'`` (pure JAX).
     """
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"platform={platform!r} must be 'cpu' or 'gpu' (jax.default_backend()).")
+    if backend_kind not in ("te", "te-cpu", "reference"):
+        raise ValueError(f"backend_kind={backend_kind!r} must be 'te', 'te-cpu' or 'reference' "
+                         "(tutorial_utils.te.backend_kind()).")
     if platform == "gpu":
         if backend_kind != "te":
             return "gpu-reference"
