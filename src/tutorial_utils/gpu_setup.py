@@ -31,7 +31,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["MIN_CUDNN", "TE_VERSION", "PIECE_BYTES", "cudnn_version", "check_cudnn", "cuda_major", "split_file",
            "join_pieces", "bundle_requirements", "bundle", "sdist_link", "install_commands", "install", "run_commands",
@@ -280,8 +280,12 @@ def install_commands(files: Sequence[Path], *, cuda_archs: str = "90", editable:
     ]
 
 
+def _shell(cmd: Sequence[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
 def _run(cmd: List[str]) -> None:
-    print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    print("+", _shell(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
 
@@ -290,7 +294,7 @@ def install(directory: Path, *, dry_run: bool = False, cuda_archs: str = "90") -
     commands = install_commands(files, cuda_archs=cuda_archs)
     for cmd in commands:
         if dry_run:
-            print("+", " ".join(shlex.quote(c) for c in cmd))
+            print("+", _shell(cmd))
         else:
             _run(cmd)
     return commands
@@ -326,13 +330,13 @@ def run(bundle_dir: Path, out: Path, *, dry_run: bool = False, python: str = sys
     summary = {"steps": []}
     if dry_run:
         for name, limit, cmd in steps:
-            print(f"+ [{name}, <= {limit} s]", " ".join(shlex.quote(c) for c in cmd))
+            print(f"+ [{name}, <= {limit} s]", _shell(cmd))
         return summary
     import time
 
     out.mkdir(parents=True, exist_ok=True)
     for name, limit, cmd in steps:
-        print(f"+ [{name}, <= {limit} s]", " ".join(shlex.quote(c) for c in cmd), flush=True)
+        print(f"+ [{name}, <= {limit} s]", _shell(cmd), flush=True)
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -372,7 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.cmd == "bundle":
         for cmd in bundle(args.dir, args.cuda, args.python_version, dry_run=args.dry_run):
             if args.dry_run:
-                print("+", " ".join(shlex.quote(c) for c in cmd))
+                print("+", _shell(cmd))
     elif args.cmd == "install":
         install(args.dir, dry_run=args.dry_run, cuda_archs=args.cuda_archs)
     else:

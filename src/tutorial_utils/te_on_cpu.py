@@ -271,6 +271,15 @@ def _make_standin() -> types.ModuleType:
 # ----------------------------------------------------------------------------- the kernel
 
 
+def _segment_offsets(offsets, n, num_tokens):
+    """The first ``n`` segment offsets. TE may pass fewer than it declares (the AllGather striped
+    path); the missing ones start past the last token, so they cover nothing."""
+    import jax.numpy as jnp
+
+    offs = offsets.reshape(-1).astype(jnp.int32)
+    return jnp.pad(offs, (0, max(0, n - offs.shape[0])), constant_values=num_tokens)[:n]
+
+
 def _query_segments(cu_seqlens, offsets, num_tokens):
     """Per query row of the flattened token axis: (segment index or -1, index inside the segment).
 
@@ -281,9 +290,7 @@ def _query_segments(cu_seqlens, offsets, num_tokens):
 
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).astype(jnp.int32)
     n = lens.shape[0]
-    offs = offsets.reshape(-1).astype(jnp.int32)
-    # TE may pass fewer offsets than segments (AllGather striped path); missing ones start nowhere.
-    offs = jnp.pad(offs, (0, max(0, n - offs.shape[0])), constant_values=num_tokens)[:n]
+    offs = _segment_offsets(offsets, n, num_tokens)
     t = jnp.arange(num_tokens, dtype=jnp.int32)
     cover = (lens[:, None] > 0) & (t[None, :] >= offs[:, None]) & (t[None, :] < offs[:, None] + lens[:, None])
     seg = jnp.max(jnp.where(cover, jnp.arange(n, dtype=jnp.int32)[:, None], -1), axis=0)
@@ -343,8 +350,7 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
         n = q_cu.shape[0] - 1
         lens_q = (q_cu[1:] - q_cu[:-1]).astype(jnp.int32)
         lens_kv = (kv_cu[1:] - kv_cu[:-1]).astype(jnp.int32)
-        offs_kv = jnp.pad(k_off.reshape(-1).astype(jnp.int32), (0, max(0, n - k_off.size)),
-                          constant_values=b * skv)[:n]
+        offs_kv = _segment_offsets(k_off, n, b * skv)
         s = jnp.maximum(seg, 0)
         lo, hi = _key_ranges(row_in_seg, lens_q[s], offs_kv[s], lens_kv[s], seg >= 0, **flags)
         rows = jnp.arange(b * skv, dtype=jnp.int32)[None]
@@ -383,27 +389,38 @@ def _as_tokens(x, ragged):
     return x.reshape((1, x.shape[0] * x.shape[1]) + x.shape[2:]) if ragged else x
 
 
+class _Problem:
+    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax, bias."""
+
+    def __init__(self, config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off):
+        self.layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
+        self.qkv = _unpack(self.layout, q, k, v)
+        qq, kk, _ = self.qkv
+        self.ranges, self.spec, self.ragged = _metadata(config, qq, kk, q_cu, kv_cu, q_off, k_off)
+        self.b, self.sq, self.hq, _ = qq.shape
+        self.scale = float(config.scaling_factor)
+        self.sink = _sink(config, softmax_offset, self.hq)
+        self.bias = _bias(config, bias, self.scale)
+        self.tokens = tuple(_as_tokens(x, self.ragged) for x in self.qkv)
+
+
 def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out):
     import jax.numpy as jnp
 
     from .reference import blockwise_attention, dense_attention
 
-    layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
-    qq, kk, vv = _unpack(layout, q, k, v)
-    (ids_q, ids_kv, pos_q, pos_kv), spec, ragged = _metadata(config, qq, kk, q_cu, kv_cu, q_off, k_off)
-    b, sq, hq, _ = qq.shape
-    scale = float(config.scaling_factor)
-    sink = _sink(config, softmax_offset, hq)
-    bias_arr = _bias(config, bias, scale)
-    args = (_as_tokens(qq, ragged), _as_tokens(kk, ragged), _as_tokens(vv, ragged), ids_q, ids_kv, pos_q, pos_kv)
-    if bias_arr is not None:
-        out, lse = dense_attention(*args, scale=scale, spec=spec, sink=sink, bias=bias_arr)
+    pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
+    b, sq, hq, ragged, spec, scale, sink = pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
+    lo, _, hi, _ = pb.ranges
+    args = (*pb.tokens, *pb.ranges)
+    if pb.bias is not None:
+        out, lse = dense_attention(*args, scale=scale, spec=spec, sink=sink, bias=pb.bias)
         mx = jnp.full(lse.shape, -jnp.inf, jnp.float32)
     else:
         out, lse, mx = blockwise_attention(*args, scale=scale, spec=spec, sink=sink, return_max_logit=True)
     out = out.reshape(b, sq, hq, -1).astype(avals_out[0].dtype)
     if ragged:
-        covered = (ids_q <= pos_q).reshape(b, sq)[:, None, :]
+        covered = (lo <= hi).reshape(b, sq)[:, None, :]  # rows whose key range is not empty
         lse = jnp.where(covered, lse.reshape(hq, b, sq).transpose(1, 0, 2), LSE_UNCOVERED)
         mx = mx.reshape(hq, b, sq).transpose(1, 0, 2)
     lse = lse.reshape(b, hq, sq)
@@ -429,20 +446,16 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
 
     from .reference import blockwise_backward, dense_attention
 
-    layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
-    qq, kk, vv = _unpack(layout, q, k, v)
-    (ids_q, ids_kv, pos_q, pos_kv), spec, ragged = _metadata(config, qq, kk, q_cu, kv_cu, q_off, k_off)
-    b, sq, hq, _ = qq.shape
-    scale = float(config.scaling_factor)
-    sink = _sink(config, softmax_offset, hq)
-    bias_arr = _bias(config, bias, scale)
-    tq, tk, tv = _as_tokens(qq, ragged), _as_tokens(kk, ragged), _as_tokens(vv, ragged)
+    pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
+    layout, b, sq, hq, ragged, spec, scale, sink = pb.layout, pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
+    bias_arr, ranges = pb.bias, pb.ranges
+    qq, kk, vv = pb.qkv
+    tq, tk, tv = pb.tokens
     tout, tdout = _as_tokens(output, ragged), _as_tokens(doutput, ragged)
     dbias = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     if bias_arr is not None:
         def f(q_, k_, v_, bias_, sink_):
-            return dense_attention(q_, k_, v_, ids_q, ids_kv, pos_q, pos_kv, scale=scale, spec=spec, sink=sink_,
-                                   bias=bias_)[0]
+            return dense_attention(q_, k_, v_, *ranges, scale=scale, spec=spec, sink=sink_, bias=bias_)[0]
         sink_in = jnp.zeros((hq,), jnp.float32) if sink is None else sink
         _, vjp = jax.vjp(f, tq, tk, tv, bias_arr.astype(jnp.float32), sink_in)
         dq, dk, dv, dbias_f, dsink = vjp(tdout.astype(tq.dtype))
@@ -452,8 +465,8 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     else:
         lse = (softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1) if ragged
                else softmax_aux.reshape(b, hq, sq))
-        dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, ids_q, ids_kv, pos_q, pos_kv, tout, lse, tdout,
-                                               scale=scale, spec=spec, sink=sink)
+        dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec,
+                                               sink=sink)
     dq, dk, dv = dq.reshape(qq.shape), dk.reshape(kk.shape), dv.reshape(vv.shape)
     if layout in (NVTE_QKV_Layout.NVTE_BS3HD, NVTE_QKV_Layout.NVTE_T3HD):
         dq, dk, dv = jnp.stack([dq, dk, dv], axis=-3), jnp.zeros_like(k), jnp.zeros_like(v)

@@ -71,12 +71,8 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
         if is_thd:
             if _name(attn_mask_type) != "PADDING_CAUSAL_MASK":
                 raise ValueError(f"attn_mask_type={_name(attn_mask_type)} is not supported for THD layouts {where}; use PADDING_CAUSAL_MASK.")
-            if strategy == "RING" and stripe_size not in (None, 1):
-                raise ValueError(f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only stripe_size=1 "
-                                 "(larger stripes give wrong masks). Use stripe_size=1, or CPStrategy.ALL_GATHER for larger stripes.")
-            if strategy == "RING" and window[0] != -1 and window[0] < cp_size - 1:
-                raise ValueError(f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must be >= "
-                                 f"cp_size-1={cp_size - 1} (narrower windows give spurious diagonal pairs). Widen it or use ALL_GATHER.")
+            if strategy == "RING":
+                _check_thd_ring(stripe_size, window, cp_size)
             if strategy != "RING" and stripe_size is None:
                 raise ValueError("stripe_size=None with THD AllGather context parallelism: striped load balancing needs an explicit "
                                  "stripe_size (e.g. 1, 128 or 512), the same one used with reorder_causal_load_balancing.")
@@ -98,6 +94,18 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
     return window
 
 
+def _check_thd_ring(stripe_size, window, cp_size) -> None:
+    """The two THD Ring inputs TE computes wrongly: a stripe above 1, a left window below cp-1."""
+    if stripe_size not in (None, 1):
+        raise ValueError(f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
+                         "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
+                         "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes.")
+    if window[0] != -1 and window[0] < cp_size - 1:
+        raise ValueError(f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must "
+                         f"be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or use "
+                         "CPStrategy.ALL_GATHER.")
+
+
 def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
                           context_parallel_causal_load_balanced, stripe_size, cp_size) -> None:
     """Raise ``ValueError`` for CP inputs that TE 2.20.2 accepts and computes wrongly.
@@ -116,14 +124,7 @@ def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
         return
     window = check_window(window_size)
     if _name(context_parallel_strategy) == "RING":
-        if stripe_size not in (None, 1):
-            raise ValueError(f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
-                             "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
-                             "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes.")
-        if window[0] != -1 and window[0] < cp_size - 1:
-            raise ValueError(f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must "
-                             f"be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or use "
-                             "CPStrategy.ALL_GATHER.")
+        _check_thd_ring(stripe_size, window, cp_size)
     elif not context_parallel_causal_load_balanced:
         raise ValueError("context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE "
                          "then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with "
