@@ -18,7 +18,7 @@ from tutorial_utils.cli_types import output_file, record_file
 from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.inputs import pack_segments, random_qkv
 from tutorial_utils.records import write_record
-from tutorial_utils.reference import MaskSpec, blockwise_attention
+from tutorial_utils.reference import MaskSpec, blockwise_attention, dense_attention
 from tutorial_utils.reorder import ReorderStrategy, reorder_causal_load_balancing
 from tutorial_utils.runtime import setup_devices
 from tutorial_utils.te import attention as ref_api  # the reference facade (conftest pins the backend)
@@ -46,13 +46,23 @@ def _reorder(**kw):
     return reorder_causal_load_balancing(**args)
 
 
-def _fused(**kw):
+def _fused(qkv=None, desc=None, bias=None, **kw):
     args = dict(attn_bias_type=ref_api.AttnBiasType.NO_BIAS, attn_mask_type=ref_api.AttnMaskType.PADDING_CAUSAL_MASK,
                 qkv_layout=ref_api.QKVLayout.THD_THD_THD, softmax_type=ref_api.AttnSoftmaxType.VANILLA_SOFTMAX,
                 scaling_factor=0.5, dropout_probability=0.0, is_training=False)
     args.update(kw)
-    desc = ref_api.SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(IDS), jnp.asarray(POS))
-    return ref_api.fused_attn((X, KV, KV), None, desc, None, **args)
+    desc = desc if desc is not None else ref_api.SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(IDS), jnp.asarray(POS))
+    return ref_api.fused_attn(qkv or (X, KV, KV), bias, desc, None, **args)
+
+
+def _offsets(lens, offs):
+    return ref_api.SequenceDescriptor.from_seqlens_and_offsets(jnp.asarray(lens), jnp.asarray(offs))
+
+
+def _plan(**kw):
+    from tutorial_utils.plan import plan
+
+    return plan(get_workload("seed").replace(**kw))
 
 
 def _env(name, value, fn):
@@ -154,6 +164,47 @@ CASES = [
         True, 1, "bf16", "bf16", None, None, None, None, 0.0, 4, 0, 16, 16, 8, 8), ValueError, r"kv_num_heads=0"),
     ("descriptor without positions", lambda: ref_api.SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(IDS)),
      ValueError, r"segment_pos=None"),
+    ("facade int q", lambda: _fused(qkv=(X.astype(jnp.int32), KV, KV)), ValueError, r"q.dtype=int32 is not a floating"),
+    ("facade bool v", lambda: _fused(qkv=(X, KV, KV.astype(bool))), ValueError, r"v.dtype=bool is not a floating"),
+    ("facade mixed dtypes", lambda: _fused(qkv=(X, KV.astype(jnp.bfloat16), KV)), ValueError, r"q/k/v dtypes differ"),
+    ("facade head_dim", lambda: _fused(qkv=(X, jnp.zeros((1, 8, 1, 8)), jnp.zeros((1, 8, 1, 8)))), ValueError,
+     r"head_dim differs: q.shape\[3\]=4 but k.shape\[3\]=8"),
+    ("facade batch", lambda: _fused(qkv=(jnp.zeros((2, 8, 2, 4)), KV, KV)), ValueError, r"batch sizes differ"),
+    ("facade v shorter", lambda: _fused(qkv=(X, KV, KV[:, :6])), ValueError, r"nothing is padded or broadcast"),
+    ("facade v fewer heads", lambda: _fused(qkv=(jnp.zeros((1, 8, 4, 4)), jnp.zeros((1, 8, 2, 4)), KV)), ValueError,
+     r"k has shape \(1, 8, 2, 4\) but v has \(1, 8, 1, 4\)"),
+    ("facade kv packed on heads axis", lambda: _fused(qkv=(X, jnp.stack([KV, KV], axis=3)),
+                                                      qkv_layout=ref_api.QKVLayout.THD_T2HD), ValueError,
+     r"qkv_layout=THD_T2HD: the packed kv tensor has shape \(1, 8, 1, 2, 4\)"),
+    ("facade batch 0", lambda: _fused(qkv=(X[:0], KV[:0], KV[:0])), ValueError, r"zero-sized axis"),
+    ("facade 3-D q", lambda: _fused(qkv=(X[0], KV, KV)), ValueError, r"q has shape \(8, 2, 4\); attention inputs are 4-D"),
+    ("facade scaling None", lambda: _fused(scaling_factor=None), ValueError, r"scaling_factor=None must be a finite"),
+    ("facade scaling nan", lambda: _fused(scaling_factor=float("nan")), ValueError, r"scaling_factor=nan"),
+    ("facade bias missing", lambda: _fused(attn_bias_type=ref_api.AttnBiasType.POST_SCALE_BIAS,
+                                           attn_mask_type=ref_api.AttnMaskType.NO_MASK,
+                                           qkv_layout=ref_api.QKVLayout.BSHD_BSHD_BSHD), ValueError,
+     r"attn_bias_type=POST_SCALE_BIAS but bias=None"),
+    ("facade bias shape", lambda: _fused(bias=jnp.zeros((1, 2, 8, 4)), attn_bias_type=ref_api.AttnBiasType.POST_SCALE_BIAS,
+                                         attn_mask_type=ref_api.AttnMaskType.NO_MASK,
+                                         qkv_layout=ref_api.QKVLayout.BSHD_BSHD_BSHD), ValueError,
+     r"bias has shape \(1, 2, 8, 4\); it must be \[batch or 1, heads or 1, seq_q, seq_kv\]"),
+    ("facade overlapping offsets", lambda: _fused(desc=_offsets([[4, 4, -1]], [[0, 2, -1]])), ValueError,
+     r"q row 0: segment \[2, 6\) overlaps the previous one"),
+    ("facade offsets past the row", lambda: _fused(desc=_offsets([[4, 6]], [[0, 4]])), ValueError,
+     r"runs past seq_len=8"),
+    ("facade end offset", lambda: _fused(desc=_offsets([[4, 4, -1]], [[0, 4, 8]])), ValueError,
+     r"2 positive seqlens but 3 offsets >= 0"),
+    ("cp int q", lambda: context_parallel_attention(X.astype(jnp.int32), KV, KV, jnp.asarray(IDS), jnp.asarray(POS),
+                                                    mesh=Mesh(np.array(jax.devices()[:1]), ("cp",))), ValueError,
+     r"q.dtype=int32"),
+    ("cp v shorter", lambda: context_parallel_attention(X, KV, KV[:, :4], jnp.asarray(IDS), jnp.asarray(POS),
+                                                        mesh=Mesh(np.array(jax.devices()[:1]), ("cp",))), ValueError,
+     r"keys and values need the same sequence length"),
+    ("cp scaling inf", lambda: _cp(scaling_factor=float("inf")), ValueError, r"scaling_factor=inf"),
+    ("dense head_dim", lambda: dense_attention(X, jnp.zeros((1, 8, 1, 2)), KV, IDS, IDS, POS, POS, scale=1.0),
+     ValueError, r"head_dim differs"),
+    ("plan memory", lambda: _plan(seq_len=2**40), ValueError,
+     r"max_memory_bytes: this plan needs about 819,200.0 GiB"),
     ("te-on-cpu fp32", _te_cpu_fp32, ValueError, r"Unsupported backend: qkv dtype kFloat32"),
     # files: checked before any work, never replaced silently
     ("record exists", None, FileExistsError, r"already exists"),
@@ -231,3 +282,45 @@ def test_bench_cli_refuses_an_existing_name_before_running(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_cli.run(["--preset", "tiny", "--out", str(tmp_path), "--name", "mine", "--no-progress"])
     assert "--name" in capsys.readouterr().err and (tmp_path / "mine.json").read_text() == "{}"
+
+
+def test_te_facade_names_what_te_alone_rejects_obscurely_or_computes_wrongly():
+    """TE-on-CPU, in its own process: each input the facade rejects fails in TE alone too.
+
+    TE alone raises a bare ``AssertionError`` from inside a primitive, or returns NaN or a
+    wrong result; the facade raises ``ValueError`` naming the parameter first. So no input
+    the facade rejects would have worked.
+    """
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, str(root / "tests" / "te_facade_inputs_script.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = {"kv packed on the heads axis": "qkv_layout=THD_T2HD", "v shorter than k": "v has (1, 6, 1, 8)",
+             "v with fewer heads than k": "v has (1, 8, 1, 8)", "int q": "q.dtype=int32",
+             "scaling_factor nan": "scaling_factor=nan", "overlapping offsets": "q row 0: segment [2, 8) overlaps"}
+    assert set(report) == set(names)
+    for case, row in report.items():
+        assert row["facade"] and names[case] in row["facade"], (case, row)
+        alone = row["te_alone"]
+        wrong = alone.startswith(("raised", "wrong")) or (
+            alone.startswith("ran, max") and float(alone.rsplit("= ", 1)[1]) > 0.1)
+        assert wrong, f"{case}: TE alone handled it ({alone}), so the facade must not reject it"
+
+
+def test_numpy_inputs_behave_as_under_jit():
+    """NumPy q/k/v (and ids/positions) give the same output eagerly as jax arrays do under jit."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((1, 8, 2, 4), (1, 8, 1, 4), (1, 8, 1, 4)))
+    want = jax.jit(lambda *a: _fused(qkv=a))(*map(jnp.asarray, (q, k, v)))
+    np.testing.assert_allclose(_fused(qkv=(q, k, v)), want, atol=1e-6)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("cp",))
+    out = context_parallel_attention(q, k, v, IDS, POS, mesh=mesh, scaling_factor=0.5)
+    ref, _ = dense_attention(q, k, v, IDS, IDS, POS, POS, scale=0.5, spec=MaskSpec(window=(-1, 0)))
+    np.testing.assert_allclose(out, ref, atol=1e-6)

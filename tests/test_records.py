@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tutorial_utils import records
-from tutorial_utils.records import SCHEMA, load_records, source_title, validate_record, write_record
+from tutorial_utils.records import (SCHEMA, committed_problems, load_records, read_records, source_title,
+                                    validate_record, write_record)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -120,8 +122,45 @@ def test_load_records_names_the_bad_file(tmp_path):
         load_records(tmp_path)
 
 
-def test_load_records_missing_folder_is_empty(tmp_path):
-    assert load_records(tmp_path / "nothing-here") == []
+def test_a_missing_records_folder_is_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"records folder .*nothing-here does not exist"):
+        load_records(tmp_path / "nothing-here")
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"plain is a file, not a folder"):
+        read_records(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe{}", r"bad-bytes\.json: not UTF-8 text"),
+    (b"[" * 100_000 + b"]" * 100_000, r"bad-bytes\.json: (JSON nested too deeply|not valid JSON)"),
+    (b"{not json", r"bad-bytes\.json: not valid JSON"),
+    (b"[1, 2]", r"bad-bytes\.json: cp-bench record must be a JSON object"),
+])
+def test_every_loading_error_names_the_file(tmp_path, content, message):
+    (tmp_path / "bad-bytes.json").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        load_records(tmp_path)
+
+
+def test_read_records_keeps_the_good_ones_and_names_the_bad(tmp_path):
+    write_record(_measured(), directory=tmp_path, name="good")
+    (tmp_path / "zz-bad.json").write_bytes(b"\xff")
+    records, problems = read_records(tmp_path)
+    assert [Path(r["_path"]).name for r in records] == ["good.json"]
+    assert [p.name for p, _ in problems] == ["zz-bad.json"] and "zz-bad.json" in problems[0][1]
+
+
+def test_only_a_committed_bad_record_fails_the_build(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "committed.json").write_text("{}")
+    (tmp_path / "mine.json").write_text("{}")
+    subprocess.run(git + ["add", "committed.json"], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-qm", "r"], cwd=tmp_path, check=True)
+    _, problems = read_records(tmp_path)
+    assert len(problems) == 2
+    bad = committed_problems(problems)
+    assert len(bad) == 1 and "committed.json" in bad[0]
 
 
 def test_results_dir_override(tmp_path, monkeypatch):

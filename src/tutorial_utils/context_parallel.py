@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from .reference import MaskSpec, blockwise_attention
 from .reorder import ReorderStrategy, load_balancing_permutation
-from .validation import check_divisible_seq, check_gqa_heads, check_ulysses_heads, check_window
+from .validation import check_divisible_seq, check_qkv, check_scaling_factor, check_ulysses_heads, check_window
 
 __all__ = [
     "STRATEGIES",
@@ -148,9 +148,12 @@ def context_parallel_attention(q, k, v, segment_ids, segment_pos, *, mesh=None, 
             raise ValueError("mesh=None but no mesh is active; pass mesh=... or call inside `with jax.set_mesh(mesh):`.")
     cp = _mesh_axis_size(mesh, axis_name)
     window = check_window(window_size)
+    check_qkv(q, k, v)
     b, s, hq, _ = q.shape
     hkv = k.shape[2]
-    check_gqa_heads(hq, hkv)
+    if k.shape[1] != s:
+        raise ValueError(f"k.shape[1]={k.shape[1]} but q.shape[1]={s}: context-parallel self-attention shards one "
+                         "sequence axis, so q, k and v need the same length.")
     if stripe_size is not None and (isinstance(stripe_size, bool) or not isinstance(stripe_size, int) or stripe_size < 1):
         raise ValueError(f"stripe_size={stripe_size!r} must be a positive int (or None for 1), the stripe used "
                          "with reorder_causal_load_balancing.")
@@ -163,7 +166,7 @@ def context_parallel_attention(q, k, v, segment_ids, segment_pos, *, mesh=None, 
                          "(as in TE); use stripe_size=1 or strategy='allgather'.")
     if strat == "ulysses":
         check_ulysses_heads(hq, hkv, cp)
-    scale = q.shape[-1] ** -0.5 if scaling_factor is None else float(scaling_factor)
+    scale = q.shape[-1] ** -0.5 if scaling_factor is None else check_scaling_factor(scaling_factor)
     spec = MaskSpec(padding=padding, causal=causal, window=window)
     kern = kernel or _default_kernel(spec, scale, block_q, block_kv)
 

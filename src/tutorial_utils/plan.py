@@ -137,8 +137,20 @@ def _padding_warning(wl: Workload) -> Optional[str]:
             f"set --valid (valid tokens per slot) or --segments.")
 
 
+#: Host memory the advisor itself needs per token (measured with tracemalloc: 332-340 bytes at
+#: 64k-1M tokens per row for the seed preset), rounded up.
+PLAN_BYTES_PER_TOKEN = 400
+#: The default ceiling on that memory; ``--max-memory-gib`` raises it.
+PLAN_MAX_MEMORY_BYTES = 4 * 2**30
+
+
+def planner_memory_bytes(workload: Workload) -> int:
+    """Host memory :func:`plan` needs for ``workload``: it counts visible pairs token by token."""
+    return PLAN_BYTES_PER_TOKEN * workload.batch * workload.seq_len
+
+
 def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES, form: str = "scale",
-         notes: Sequence[str] = ()) -> dict:
+         notes: Sequence[str] = (), max_memory_bytes: int = PLAN_MAX_MEMORY_BYTES) -> dict:
     """The advisor's result as one JSON-ready dict: ``single_ms``, ``rows``, ``skipped``, ``recommendation``.
 
     Why: the CLI, the notebook and the tests all need the same table; building it once
@@ -151,6 +163,12 @@ def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES
     wl = get_workload(workload) if isinstance(workload, str) else workload
     if not isinstance(wl, Workload):
         raise ValueError(f"workload={workload!r} must be a Workload or a preset name in {sorted(PRESETS)}.")
+    need = planner_memory_bytes(wl)
+    if need > max_memory_bytes:
+        raise ValueError(f"max_memory_bytes: this plan needs about {need / 2**30:,.1f} GiB of host memory for "
+                         f"{wl.batch} x {wl.seq_len:,} tokens ({PLAN_BYTES_PER_TOKEN} bytes each), over the "
+                         f"limit of {max_memory_bytes / 2**30:,.1f} GiB; raise the limit (--max-memory-gib) or plan a "
+                         "smaller batch (the per-row shape sets the answer).")
     hw = get_hardware(hardware)
     cal = fit_calibration(form)
     stripes = _check_stripes(stripes)
@@ -359,6 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stripes", type=int, nargs="+", default=list(DEFAULT_STRIPES), help="AllGather stripe sizes")
     p.add_argument("--form", default="scale", choices=("scale", "fixed"), help="CP overhead model (default: scale)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--max-memory-gib", type=float, default=PLAN_MAX_MEMORY_BYTES / 2**30,
+                   help="refuse plans whose own host memory would exceed this (default: 4)")
     return p
 
 
@@ -370,9 +390,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides["window"] = args.window
     try:
         wl, notes = build_workload(args.preset, overrides)
-        result = plan(wl, hardware=args.hardware, stripes=args.stripes, form=args.form, notes=notes)
+        if not args.max_memory_gib > 0:
+            raise ValueError(f"--max-memory-gib={args.max_memory_gib} must be > 0.")
+        result = plan(wl, hardware=args.hardware, stripes=args.stripes, form=args.form, notes=notes,
+                      max_memory_bytes=int(args.max_memory_gib * 2**30))
     except ValueError as err:
-        message = str(err)
+        message = str(err).replace("max_memory_bytes:", "--max-memory-gib:")
         for arg, field in list(_FIELD_FOR_ARG.items()) + [("window", "window")]:
             message = message.replace(f"Workload.{field}", f"--{arg.replace('_', '-')} (Workload.{field})")
         parser.error(message)

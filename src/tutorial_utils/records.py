@@ -37,7 +37,8 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Union
+import subprocess
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 __all__ = [
     "SCHEMA",
@@ -46,6 +47,8 @@ __all__ = [
     "validate_record",
     "write_record",
     "load_records",
+    "read_records",
+    "committed_problems",
     "default_results_dir",
     "source_title",
     "group_by_source",
@@ -269,31 +272,80 @@ def default_results_dir() -> Path:
     )
 
 
+def _read_one(path: Path, validate: bool) -> Any:
+    """One record, or ``ValueError`` whose message starts with the file's path."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a record is a JSON file.") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}).") from err
+    except RecursionError as err:
+        raise ValueError(f"{path}: JSON nested too deeply to read; a record is a flat object.") from err
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from err
+    if validate:
+        try:
+            validate_record(record)
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"{path}: {err}") from err
+    if isinstance(record, dict):
+        record["_path"] = str(path)
+    return record
+
+
+def _records_folder(directory: Optional[PathLike]) -> Path:
+    folder = Path(directory) if directory is not None else default_results_dir()
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise FileNotFoundError(f"records folder {folder} {what}; pass the folder that holds the *.json "
+                                "records (or set CP_TUTORIAL_RESULTS).")
+    return folder
+
+
+def read_records(directory: Optional[PathLike] = None) -> Tuple[List[dict], List[Tuple[Path, str]]]:
+    """``(records, problems)``: every valid record, and ``(path, message)`` for each bad file.
+
+    Why: one malformed file must not hide the others. The benchmarks page shows each
+    problem as an error box naming its file; :func:`load_records` raises on the first one.
+    """
+    records, problems = [], []
+    for path in sorted(_records_folder(directory).glob("*.json")):
+        try:
+            records.append(_read_one(path, validate=True))
+        except ValueError as err:
+            problems.append((path, str(err)))
+    return records, problems
+
+
 def load_records(directory: Optional[PathLike] = None, validate: bool = True) -> List[dict]:
     """Every ``*.json`` record in ``directory`` (default: :func:`default_results_dir`).
 
     Records are returned sorted by file name, each with ``_path`` (the file it came from)
-    added. With ``validate`` (the default), an invalid record raises ``ValueError`` naming the
-    file and the field. A missing folder gives an empty list.
+    added. A file that cannot be read, or (with ``validate``, the default) an invalid
+    record, raises ``ValueError`` naming the file (and the field). A folder that does not
+    exist raises ``FileNotFoundError`` naming it.
     """
-    folder = Path(directory) if directory is not None else default_results_dir()
-    if not folder.is_dir():
-        return []
-    records = []
-    for path in sorted(folder.glob("*.json")):
+    return [_read_one(path, validate) for path in sorted(_records_folder(directory).glob("*.json"))]
+
+
+def committed_problems(problems: Iterable[Tuple[Path, str]]) -> List[str]:
+    """The problems whose file git tracks: a bad *committed* record must fail the build.
+
+    A reader's own uncommitted record is only shown as an error box. Without git (an
+    unpacked archive), every file counts as committed.
+    """
+    bad = []
+    for path, message in problems:
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err}).") from err
-        if validate:
-            try:
-                validate_record(record)
-            except ValueError as err:
-                raise ValueError(f"{path}: {err}") from err
-        if isinstance(record, dict):
-            record["_path"] = str(path)
-        records.append(record)
-    return records
+            # 0: tracked, 1: untracked; anything else (no repository here) counts as committed
+            tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent,
+                                     capture_output=True, check=False).returncode != 1
+        except OSError:
+            tracked = True
+        if tracked:
+            bad.append(message)
+    return bad
 
 
 def source_title(record: dict) -> str:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .validation import check_gqa_heads, check_window
+from .validation import check_qkv, check_window
 
 __all__ = ["MaskSpec", "LSE_EMPTY", "visibility", "dense_attention", "blockwise_attention", "blockwise_backward",
            "bottom_right_positions"]
@@ -134,9 +134,10 @@ def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec
     (off-by-one: zeros; learnable: a parameter). ``bias`` is added to the scaled logits,
     broadcastable to ``[b, hq, sq, skv]``.
     """
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    check_qkv(q, k, v)
     b, sq, hq, _ = q.shape
     hkv = k.shape[2]
-    check_gqa_heads(hq, hkv)
     g = hq // hkv
     qf = _split_gqa(q.astype(jnp.float32), hkv)
     s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(jnp.float32)) * scale
@@ -397,8 +398,8 @@ def _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_k
     for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
         if not isinstance(blk, int) or blk < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
+    check_qkv(q, k, v)
     sq, skv, hq, hkv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    check_gqa_heads(hq, hkv)
     bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
     sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
     qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)

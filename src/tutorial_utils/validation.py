@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_window", "check_gqa_heads", "check_divisible_seq", "validate_packed_inputs", "first_violation",
-           "allgather_mismatch"]
+__all__ = ["check_window", "check_gqa_heads", "check_divisible_seq", "check_qkv", "check_scaling_factor",
+           "check_bias", "check_seqlens_offsets", "validate_packed_inputs", "first_violation", "allgather_mismatch"]
 
 
 def check_window(window, name: str = "window_size") -> Tuple[int, int]:
@@ -51,6 +52,91 @@ def check_gqa_heads(num_q_heads: int, num_kv_heads: int, name: str = "num_kv_hea
             f"h // (num_q_heads/num_kv_heads), so pick a KV head count that divides {num_q_heads}."
         )
     return num_q_heads // num_kv_heads
+
+
+def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
+    """Static checks of ``q [b, s_q, h_q, d]``, ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, d_v]``.
+
+    Why: attention kernels broadcast and pad quietly. A ``v`` shorter than ``k`` gets
+    zero-padded, a ``v`` with fewer heads gets broadcast, an int ``q`` gives an int output.
+    Only shapes and dtypes are read (anything with ``.shape`` and ``.dtype``, including
+    ``jax.ShapeDtypeStruct`` and tracers), so nothing is added to a traced computation.
+    """
+    arrays = dict(zip(names, (q, k, v)))
+    for name, x in arrays.items():
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"{name} is a {type(x).__name__}, not an array; pass a jax or NumPy array "
+                             "[batch, seq, heads, head_dim].")
+        if len(x.shape) != 4:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; attention inputs are 4-D [batch, seq, heads, head_dim].")
+        if not jnp.issubdtype(x.dtype, jnp.floating):  # NumPy's own test misses bfloat16
+            raise ValueError(f"{name}.dtype={np.dtype(x.dtype).name} is not a floating type; cast it, e.g. "
+                             f"{name}.astype(jnp.bfloat16).")
+        if 0 in tuple(x.shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)} with a zero-sized axis; batch, seq, heads and "
+                             "head_dim must all be >= 1.")
+    nq, nk, nv = names
+    dtypes = {np.dtype(x.dtype).name for x in arrays.values()}
+    if len(dtypes) > 1:
+        raise ValueError(f"{nq}/{nk}/{nv} dtypes differ ({np.dtype(q.dtype).name}/{np.dtype(k.dtype).name}/"
+                         f"{np.dtype(v.dtype).name}); cast all three to one dtype (the fused kernel reads one).")
+    (b, _, hq, d), (bk, sk, hk, dk), (bv, sv, hv, _) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ValueError(f"batch sizes differ: {nq}.shape[0]={b}, {nk}.shape[0]={bk}, {nv}.shape[0]={bv}; "
+                         "pass the same batch for all three.")
+    if sk != sv or hk != hv:
+        raise ValueError(f"{nk} has shape {tuple(k.shape)} but {nv} has {tuple(v.shape)}: keys and values need the "
+                         "same sequence length (axis 1) and head count (axis 2); nothing is padded or broadcast.")
+    if d != dk:
+        raise ValueError(f"head_dim differs: {nq}.shape[3]={d} but {nk}.shape[3]={dk}; the logits q.k need one "
+                         "head_dim (only v's may differ).")
+    check_gqa_heads(hq, hk, name=f"kv heads ({nk}.shape[2])")
+
+
+def check_scaling_factor(scaling_factor, name: str = "scaling_factor") -> float:
+    """A finite real number; usually ``head_dim ** -0.5``. ``None`` or NaN would hide divergence."""
+    if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(scaling_factor):
+        raise ValueError(f"{name}={scaling_factor!r} must be a finite real number; pass head_dim ** -0.5 "
+                         "(e.g. 128 ** -0.5 for head_dim 128).")
+    return float(scaling_factor)
+
+
+def check_bias(bias, *, batch: int, num_q_heads: int, seq_q: int, seq_kv: int) -> None:
+    """``bias`` must be ``[batch or 1, num_q_heads or 1, seq_q, seq_kv]``: broadcast only where TE does."""
+    shape = tuple(getattr(bias, "shape", ()))
+    ok = (len(shape) == 4 and shape[0] in (1, batch) and shape[1] in (1, num_q_heads)
+          and shape[2:] == (seq_q, seq_kv))
+    if not ok:
+        raise ValueError(f"bias has shape {shape or type(bias).__name__}; it must be [batch or 1, heads or 1, "
+                         f"seq_q, seq_kv] = [{batch} or 1, {num_q_heads} or 1, {seq_q}, {seq_kv}].")
+
+
+def check_seqlens_offsets(seqlens, offsets, seq_len: int, name: str = "q") -> None:
+    """Concrete THD ``(seqlens, offsets)``: each row's segments inside ``[0, seq_len)`` and disjoint.
+
+    Why: the kernel pairs the i-th positive length with the i-th non-negative offset, so an
+    extra offset (a per-row end offset, say) or overlapping ranges create phantom segments
+    instead of an error. Lengths are padded with 0 or -1, offsets with -1.
+    """
+    lens, offs = np.asarray(seqlens), np.asarray(offsets)
+    if lens.ndim != 2 or lens.shape != offs.shape:
+        raise ValueError(f"{name} seqlens/offsets have shapes {lens.shape}/{offs.shape}; both must be 2-D "
+                         "[batch, max_segments], padded with -1.")
+    for row, (ln, of) in enumerate(zip(lens, offs)):
+        used_l, used_o = ln[ln > 0], of[of >= 0]
+        if len(used_l) != len(used_o):
+            raise ValueError(f"{name} row {row}: {len(used_l)} positive seqlens but {len(used_o)} offsets >= 0 "
+                             f"(seqlens {ln.tolist()}, offsets {of.tolist()}); pass one start offset per segment "
+                             "(no end offset) and pad both with -1.")
+        end = 0
+        for length, start in zip(used_l.tolist(), used_o.tolist()):
+            if start < end or start + length > seq_len:
+                raise ValueError(f"{name} row {row}: segment [{start}, {start + length}) "
+                                 + ("overlaps the previous one" if start < end else f"runs past seq_len={seq_len}")
+                                 + f" (seqlens {ln.tolist()}, offsets {of.tolist()}); segments must be disjoint, "
+                                 "in order and inside the row.")
+            end = start + length
 
 
 def check_divisible_seq(seq_len: int, cp_size: int, stripe_size: int = 1, name: str = "seq_len") -> None:

@@ -18,15 +18,17 @@ from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ..validation import check_gqa_heads, check_window
+from ..validation import (check_bias, check_gqa_heads, check_qkv, check_scaling_factor, check_seqlens_offsets,
+                          check_window)
 from ._backend import REAL_TE
 from .sharding import batch_axes, cp_axis_and_size
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
     "SequenceDescriptor", "fused_attn", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks", "reorder_mismatch",
+    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks", "reorder_mismatch", "check_call",
 ]
 
 
@@ -167,7 +169,12 @@ def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> 
     return None  # no reading of the layout explains it better; the validator reports malformed rows
 
 
-def _unpack_qkv(qkv, qkv_layout):
+def _unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
+    """``(q, k, v)`` from the tuple ``fused_attn`` takes, after checking the packed axis.
+
+    With ``slice_packed=False`` packed tensors give ``jax.ShapeDtypeStruct`` views (the
+    checks need shapes only, and slicing would add work to a traced computation).
+    """
     if not isinstance(qkv, (tuple, list)) or not 1 <= len(qkv) <= 3:
         raise ValueError(f"qkv must be a tuple (packed,), (q, kv) or (q, k, v); got {type(qkv).__name__} of length "
                          f"{len(qkv) if isinstance(qkv, (tuple, list)) else 'n/a'}.")
@@ -176,11 +183,48 @@ def _unpack_qkv(qkv, qkv_layout):
     if len(qkv) != want:
         raise ValueError(f"qkv has {len(qkv)} tensors but qkv_layout={layout} needs {want}; pass "
                          f"{ {1: '(qkv_packed,)', 2: '(q, kv_packed)', 3: '(q, k, v)'}[want] }.")
-    if want == 1:
-        return qkv[0][:, :, 0], qkv[0][:, :, 1], qkv[0][:, :, 2]
-    if want == 2:
-        return qkv[0], qkv[1][:, :, 0], qkv[1][:, :, 1]
-    return tuple(qkv)
+    if want == 3:
+        return tuple(qkv)
+    packed, n = qkv[-1], 4 - want  # 3 for QKV, 2 for KV
+    shape = tuple(getattr(packed, "shape", ()))
+    if len(shape) != 5 or shape[2] != n:
+        what = "qkv" if n == 3 else "kv"
+        raise ValueError(f"qkv_layout={layout}: the packed {what} tensor has shape {shape or type(packed).__name__}; "
+                         f"it must be [batch, seq, {n}, heads, head_dim], packed on axis 2, e.g. "
+                         f"jnp.stack([{'q, k, v' if n == 3 else 'k, v'}], axis=2).")
+    if slice_packed:
+        parts = tuple(packed[:, :, i] for i in range(n))
+    else:
+        part = jax.ShapeDtypeStruct(shape[:2] + shape[3:], packed.dtype)
+        parts = (part,) * n
+    return parts if n == 3 else (qkv[0],) + parts
+
+
+def check_call(qkv, bias, sequence_descriptor, *, attn_bias_type, qkv_layout, scaling_factor):
+    """The checks on the *arrays* of a ``fused_attn`` call, for both backends.
+
+    Shapes and dtypes of q/k/v (and the packed axis), ``scaling_factor``, the bias shape,
+    and (when concrete, i.e. not traced) THD seqlens/offsets. Returns ``qkv`` with NumPy
+    arrays made JAX arrays, so an eager call behaves as under ``jit``.
+    """
+    qkv = tuple(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv) if isinstance(qkv, (tuple, list)) else qkv
+    q, k, v = _unpack_qkv(qkv, qkv_layout, slice_packed=False)
+    check_qkv(q, k, v)
+    check_scaling_factor(scaling_factor)
+    b, sq, hq, _ = q.shape
+    if _name(attn_bias_type) != "NO_BIAS":
+        if bias is None:
+            raise ValueError(f"attn_bias_type={_name(attn_bias_type)} but bias=None; pass a [1 or b, h, s_q, s_kv] "
+                             "bias or use AttnBiasType.NO_BIAS.")
+        check_bias(bias, batch=b, num_q_heads=hq, seq_q=sq, seq_kv=k.shape[1])
+    desc = sequence_descriptor
+    offsets = getattr(desc, "seq_offsets", None)
+    if offsets is not None and getattr(offsets[0], "size", 0) and _name(qkv_layout).startswith("T"):
+        leaves = (*desc.seqlens, *offsets)
+        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+            check_seqlens_offsets(desc.seqlens[0], offsets[0], sq, name="q")
+            check_seqlens_offsets(desc.seqlens[1], offsets[1], k.shape[1], name="kv")
+    return qkv
 
 
 if REAL_TE is not None:
@@ -201,6 +245,8 @@ if REAL_TE is not None:
         """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids and
         positions, :func:`reorder_mismatch`; under ``jit`` they are traced and only the static
         checks apply)."""
+        qkv = check_call(qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type, qkv_layout=qkv_layout,
+                         scaling_factor=scaling_factor)
         _, _, cp_size = cp_axis_and_size(context_parallel_axis)
         silent_failure_checks(qkv_layout=qkv_layout, window_size=window_size,
                               context_parallel_strategy=context_parallel_strategy,
@@ -450,6 +496,8 @@ else:
         if dropout_probability and is_training:
             raise ValueError(f"dropout_probability={dropout_probability} with is_training=True: the reference backend has no "
                              "dropout (cuDNN's RNG cannot be reproduced); use 0.0 or is_training=False.")
+        qkv = check_call(qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type, qkv_layout=qkv_layout,
+                         scaling_factor=scaling_factor)
         q, k, v = _unpack_qkv(qkv, qkv_layout)
         mesh, cp_axis, cp_size = cp_axis_and_size(context_parallel_axis)
         window = static_checks(q.shape, k.shape, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
@@ -489,8 +537,6 @@ else:
         sink = _sink(softmax_type, softmax_offset, hq)
         bias_arr = None
         if attn_bias_type != AttnBiasType.NO_BIAS:
-            if bias is None:
-                raise ValueError(f"attn_bias_type={attn_bias_type.name} but bias=None; pass a [1 or b, h, s_q, s_kv] bias.")
             bias_arr = bias if attn_bias_type == AttnBiasType.POST_SCALE_BIAS else bias * scale
 
         if cp_size > 1:
