@@ -20,8 +20,11 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 import numpy as np
 
+from .reorder import ReorderStrategy
+from .reorder import inverse_reorder_causal_load_balancing as undo
+
 __all__ = ["check_window", "check_gqa_heads", "check_divisible_seq", "check_qkv", "check_scaling_factor",
-           "check_bias", "check_seqlens_offsets", "validate_packed_inputs", "first_violation", "allgather_mismatch"]
+           "check_bias", "check_seqlens_offsets", "validate_packed_inputs", "first_violation", "allgather_mismatch", "reorder_mismatch"]
 
 
 def check_window(window, name: str = "window_size") -> Tuple[int, int]:
@@ -397,3 +400,33 @@ def allgather_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size: i
                             f"{'none' if got is None else f'{got[0]}..{got[1]}'} instead of "
                             f"{'none' if want is None else f'{want[0]}..{want[1]}'}")
     return None
+
+
+def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> Optional[str]:
+    """Why concrete ``[batch, seq]`` ids/positions were not striped for ``(cp_size, stripe_size)``, or ``None``.
+
+    Why: data striped for one CP size and sharded over a mesh of another is silently wrong in
+    TE (a cp=4 reorder undone with cp=2, or no CP at all on one device). Undoing the reorder
+    must give rows whose positions count 0, 1, 2, ... inside each segment; if another CP size
+    (or no reorder) does that instead, the message names it.
+    """
+    ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
+    seq = ids.shape[-1]
+
+    def fits(cp, st):
+        if seq % (cp * st):
+            return False
+        args = [undo(x, ReorderStrategy.Striped, cp, 1, st) for x in (ids, pos)]
+        return first_violation(*args, max_segments_per_seq=max(1, int(ids.max()))) is None
+
+    stripe = stripe_size or 1
+    if fits(cp_size, stripe):
+        return None
+    for cp in (1, 2, 4, 8, 16, 32, 64):
+        if cp != cp_size and fits(cp, stripe):
+            return (f"the segment ids/positions look reordered for cp_size={cp}" if cp > 1 else
+                    "the segment ids/positions are not reordered") + (
+                f", but the mesh's CP axis has {cp_size} devices; reorder every token-indexed input with "
+                f"reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size={cp_size}, seq_dim=1, "
+                f"stripe_size={stripe}).")
+    return None  # no reading of the layout explains it better; the validator reports malformed rows

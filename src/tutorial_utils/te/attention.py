@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..validation import (check_bias, check_gqa_heads, check_qkv, check_scaling_factor, check_seqlens_offsets,
-                          check_window)
+                          check_window, reorder_mismatch)
 from ._backend import REAL_TE
 from .sharding import batch_axes, cp_axis_and_size
 
@@ -132,41 +132,6 @@ def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
                          "then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with "
                          "reorder_causal_load_balancing(..., ReorderStrategy.Striped, cp_size, 1, stripe_size) and "
                          "pass context_parallel_causal_load_balanced=True.")
-
-
-def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> Optional[str]:
-    """Why concrete ``[batch, seq]`` ids/positions were not striped for ``(cp_size, stripe_size)``, or ``None``.
-
-    Why: data striped for one CP size and sharded over a mesh of another is silently wrong in
-    TE (a cp=4 reorder undone with cp=2, or no CP at all on one device). Undoing the reorder
-    must give rows whose positions count 0, 1, 2, ... inside each segment; if another CP size
-    (or no reorder) does that instead, the message names it.
-    """
-    import numpy as np
-
-    from ..reorder import inverse_reorder_causal_load_balancing as undo
-    from ..validation import first_violation
-
-    ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
-    seq = ids.shape[-1]
-
-    def fits(cp, st):
-        if seq % (cp * st):
-            return False
-        args = [undo(x, ReorderStrategy.Striped, cp, 1, st) for x in (ids, pos)]
-        return first_violation(*args, max_segments_per_seq=max(1, int(ids.max()))) is None
-
-    stripe = stripe_size or 1
-    if fits(cp_size, stripe):
-        return None
-    for cp in (1, 2, 4, 8, 16, 32, 64):
-        if cp != cp_size and fits(cp, stripe):
-            return (f"the segment ids/positions look reordered for cp_size={cp}" if cp > 1 else
-                    "the segment ids/positions are not reordered") + (
-                f", but the mesh's CP axis has {cp_size} devices; reorder every token-indexed input with "
-                f"reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size={cp_size}, seq_dim=1, "
-                f"stripe_size={stripe}).")
-    return None  # no reading of the layout explains it better; the validator reports malformed rows
 
 
 def _unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
