@@ -62,12 +62,12 @@ bench-cpu: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=4 $(PY) benchmarks/bench_reference_cpu.py
 
 plan: $(STAMP)
-	$(PY) -m tutorial_utils.plan --preset seed --hardware GB200
+	$(PY) -m tutorial_utils.tools.plan --preset seed --hardware GB200
 
 # TE compiles its JAX extension against the installed JAX: keep a preinstalled CUDA JAX (or
 # install jax[cuda12|cuda13] for the CUDA found), check cuDNN >= 9.12, then build TE without
 # build isolation (needs the CUDA headers; see docs/gpu.md).
-GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.gpu_setup
+GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.tools.gpu_setup
 gpu-setup:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
@@ -86,13 +86,13 @@ GPU_PY ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_OUT ?= results
 gpu-bundle: $(STAMP)
-	$(PY) -m tutorial_utils.gpu_setup bundle $(GPU_BUNDLE) --cuda 13 --python-version 3.12
+	$(PY) -m tutorial_utils.tools.gpu_setup bundle $(GPU_BUNDLE) --cuda 13 --python-version 3.12
 
 gpu-run:
-	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
+	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
 
 gpu-check:
-	$(PY) -m tutorial_utils.check --out results/checks/gpu-check.json
+	$(PY) -m tutorial_utils.tools.check --out results/checks/gpu-check.json
 
 clean:
 	rm -rf _build .pytest_cache

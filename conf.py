@@ -31,7 +31,7 @@ sys.path.insert(0, str(SRC))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
-from tutorial_utils.runtime import gpu_present  # noqa: E402  (imports no JAX at module level)
+from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
 
 if not gpu_present():
     # Four simulated CPU devices: enough for a cp=4 mesh on a laptop.
@@ -62,6 +62,7 @@ include_patterns = ["index.md", "docs/*.md", "docs/**/*.md", "notebooks/*.md"]
 exclude_patterns = [
     ".venv",
     "_build",
+    "_build_test",
     "README.md",
     "tests",
     "benchmarks",
@@ -85,7 +86,10 @@ _DEVICES = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ
 _CACHE_KEY = "-".join((os.environ.get("CP_TUTORIAL_PRESET", "default"),
                        os.environ.get("TUTORIAL_TE_BACKEND", "auto"), "gpu" if gpu_present() else "cpu",
                        f"{_DEVICES.group(1) if _DEVICES else 'all'}dev", "cp" + os.environ.get("CP_TUTORIAL_CP", "auto")))
-nb_execution_cache_path = str(ROOT / "_build" / f".jupyter_cache-{_CACHE_KEY}")
+# The test suite builds its own site elsewhere (CP_TUTORIAL_BUILD_DIR) so that it never
+# touches the reader's _build/ and its notebook cache.
+BUILD_DIR = Path(os.environ.get("CP_TUTORIAL_BUILD_DIR", ROOT / "_build"))
+nb_execution_cache_path = str(BUILD_DIR / f".jupyter_cache-{_CACHE_KEY}")
 nb_execution_raise_on_error = True
 nb_execution_allow_errors = False
 nb_execution_timeout = 600
@@ -104,26 +108,31 @@ napoleon_numpy_docstring = True
 # The API page lists modules in this order; any other public module found in the package is
 # appended alphabetically, and a listed module that does not exist yet is simply skipped.
 API_MODULE_ORDER = [
-    "workload",
-    "inputs",
-    "reorder",
-    "validation",
-    "runtime",
-    "reference",
-    "context_parallel",
-    "te",
+    # what a reader copies
     "te.attention",
     "te.sharding",
-    "te_on_cpu",
-    "records",
-    "workcount",
-    "comm",
-    "hardware",
-    "costmodel",
-    "plan",
-    "bench",
-    "check",
-    "launch",
+    "reorder",
+    "validation",
+    "inputs",
+    "reference",
+    "context_parallel",
+    "model",
+    "text_data",
+    "gpu",
+    # the tutorial's own tooling
+    "tools.runtime",
+    "tools.workload",
+    "tools.te_on_cpu",
+    "tools.timing",
+    "tools.records",
+    "tools.workcount",
+    "tools.comm",
+    "tools.hardware",
+    "tools.costmodel",
+    "tools.plan",
+    "tools.bench",
+    "tools.check",
+    "tools.launch",
 ]
 API_MARKER = "<!-- api-modules -->"
 
@@ -218,7 +227,31 @@ def _te_docstring(app, what, name, obj, options, lines):
                     "documentation. (It is TE's code, here running with the backend named on each page.)"]
 
 
+NOTEBOOK_LINK = ("<p class='notebook-download'><a href='{name}' download>Download this chapter as a Jupyter "
+                 "notebook (<code>{name}</code>)</a>, with the outputs shown here.</p>")
+
+
+def _notebook_link(app, pagename, templatename, context, doctree):
+    """Each chapter page offers its executed notebook (copied next to it by _copy_notebooks)."""
+    if pagename.startswith("notebooks/") and "body" in context:
+        context["body"] = NOTEBOOK_LINK.format(name=Path(pagename).name + ".ipynb") + context["body"]
+
+
+def _copy_notebooks(app, exception):
+    """Copy myst-nb's executed notebooks into the site, next to their pages."""
+    if exception is not None or app.builder.format != "html":
+        return
+    import shutil
+
+    executed = Path(app.outdir).parent / "jupyter_execute" / "notebooks"
+    target = Path(app.outdir) / "notebooks"
+    for notebook in sorted(executed.glob("*.ipynb")):
+        shutil.copy2(notebook, target / notebook.name)
+
+
 def setup(app):
+    app.connect("html-page-context", _notebook_link)
+    app.connect("build-finished", _copy_notebooks)
     app.connect("source-read", _api_source)
     app.connect("autodoc-process-docstring", _te_docstring)
     app.connect("env-get-outdated", _env_get_outdated)

@@ -1,4 +1,4 @@
-"""``python -m tutorial_utils.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
+"""``python -m tutorial_utils.tools.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils import check as C
+from tutorial_utils.tools import check as C
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^(PASS|FAIL|SKIP) \S.*: .+$")
@@ -31,7 +31,7 @@ def _env(devices=None, backend="reference"):
 def test_check_quick_on_one_cpu_device(tmp_path):
     """On CPU the te-* checks run TE's own code with the CPU kernel, and say so."""
     out = tmp_path / "sub" / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.check", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.check", "--quick", "--out", str(out)],
                           env=_env(backend="te-cpu"),
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -117,7 +117,7 @@ def test_a_wrong_kernel_fails_the_te_check(monkeypatch):
 
 
 def test_a_wrong_descriptor_fails_the_descriptor_check(monkeypatch):
-    from tutorial_utils import bench_cli
+    from tutorial_utils.tools import bench as bench_cli
 
     real = bench_cli.ring_ragged_calls
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils import gpu_setup as G
-from tutorial_utils.bench_cli import build_parser as bench_parser
-from tutorial_utils.check import build_parser as check_parser
+from tutorial_utils.tools import gpu_setup as G
+from tutorial_utils.tools.bench import build_parser as bench_parser
+from tutorial_utils.tools.check import build_parser as check_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_a_corrupted_or_missing_piece_is_named_and_nothing_half_written_remains(
     with pytest.raises(SystemExit, match=r"part002: piece missing \(4 pieces make"):
         G.join_pieces(tmp_path)
     assert not list(tmp_path.glob("*.joining")) and not (tmp_path / next(iter(SIZES))).exists()
-    with pytest.raises(SystemExit, match=r"manifest.json not found: run `python -m tutorial_utils.gpu_setup bundle"):
+    with pytest.raises(SystemExit, match=r"manifest.json not found: run `python -m tutorial_utils.tools.gpu_setup bundle"):
         G.join_pieces(tmp_path / "elsewhere")
 
 
@@ -122,7 +122,7 @@ def test_run_commands_are_accepted_by_the_real_clis(tmp_path):
     assert sum(limit for _, limit, _ in steps) <= 11 * 60  # inside a 12-minute lease
     for name, _, cmd in steps[1:]:
         module, args = cmd[2], cmd[3:]
-        parser = check_parser() if module == "tutorial_utils.check" else bench_parser()
+        parser = check_parser() if module == "tutorial_utils.tools.check" else bench_parser()
         parsed = parser.parse_args(args)  # exits (and fails the test) on any unknown flag
         if name.startswith("bench"):
             assert parsed.preset == "seed" and parsed.out == str(tmp_path)
@@ -133,8 +133,8 @@ def test_make_gpu_run_dry_run():
     proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-run", "GPU_OUT=/tmp/out"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "PYTHONPATH=src python3 -m tutorial_utils.gpu_setup run --bundle gpu-bundle --out /tmp/out"
-    dry = subprocess.run([sys.executable, "-m", "tutorial_utils.gpu_setup", "run", "--out", "/tmp/out", "--dry-run"],
+    assert proc.stdout.strip() == "PYTHONPATH=src python3 -m tutorial_utils.tools.gpu_setup run --bundle gpu-bundle --out /tmp/out"
+    dry = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.gpu_setup", "run", "--out", "/tmp/out", "--dry-run"],
                          cwd=ROOT, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert [line.split("]")[0] for line in dry.stdout.splitlines()] == [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils import launch as L
+from tutorial_utils.tools import launch as L
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 120  # a failure must surface within this many seconds
@@ -32,7 +32,7 @@ def _env():
 
 def _launch(*args, timeout=170):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.launch", *args], env=_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.launch", *args], env=_env(), capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
     return proc, time.monotonic() - t0
 
@@ -92,7 +92,7 @@ def test_initialize_rejects_partial_settings(monkeypatch):
     (["-n", "2", "--demo", "--strategies", "zigzag"], "--strategies"),
 ])
 def test_cli_errors_name_the_parameter(args, needle):
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.launch", *args], env=_env(), capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.launch", *args], env=_env(), capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert proc.returncode == 2
     assert needle in proc.stderr
@@ -130,7 +130,7 @@ def test_four_processes_match_the_single_process_run(tmp_path):
 def test_a_custom_script_gets_the_coordinator_settings(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(
-        "from tutorial_utils.launch import initialize\n"
+        "from tutorial_utils.tools.launch import initialize\n"
         "info = initialize()\n"
         "import numpy as np\n"
         "from jax.experimental import multihost_utils\n"

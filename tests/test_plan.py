@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
-from tutorial_utils.hardware import PROFILES, get_hardware
-from tutorial_utils.plan import build_workload, format_table, plan
-from tutorial_utils.workload import get_workload
+from tutorial_utils.tools.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
+from tutorial_utils.tools.hardware import PROFILES, get_hardware
+from tutorial_utils.tools.plan import build_workload, format_table, plan
+from tutorial_utils.tools.workload import get_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.plan", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.plan", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -179,7 +179,7 @@ def test_published_record_matches_the_constants_and_the_schema():
         assert by[s]["mean_ms"] == PUBLISHED_GB200[s]["mean_ms"]
         assert by[s]["stripe_size"] == PUBLISHED_GB200[s]["stripe_size"]
         assert round(by["single"]["mean_ms"] / by[s]["mean_ms"], 2) == by[s]["speedup"]
-    from tutorial_utils.records import validate_record
+    from tutorial_utils.tools.records import validate_record
 
     validate_record(rec)
 

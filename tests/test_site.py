@@ -2,9 +2,11 @@
 
 The session fixtures:
 
-1. delete ``_build/`` (site *and* notebook cache) and build, executing every notebook;
+1. delete ``_build_test/`` (the test's own site *and* notebook cache) and build into it as
+   ``make docs`` builds ``_build/``, executing every notebook; the reader's ``_build/`` is
+   never touched, so ``make docs`` after ``make test`` stays a no-change rebuild;
 2. build again without changes and record both durations in ``test-artifacts/build-times.json``;
-3. serve ``_build/html`` on 127.0.0.1 (a free port, in a thread);
+3. serve ``_build_test/html`` on 127.0.0.1 (a free port, in a thread);
 4. load every page in headless Chromium (the system browser, driven by Playwright).
 
 Every page must load without console errors, uncaught exceptions, failed requests or broken
@@ -42,12 +44,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD = ROOT / "_build"
+BUILD = ROOT / "_build_test"  # its own folder: the reader's _build/ is left alone
 HTML = BUILD / "html"
 ARTIFACTS = ROOT / "test-artifacts"
 
 # The same command as the Makefile's `docs` target, run from the repository root.
-SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build/html"]
+SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"]
 BUILD_TIMEOUT_S = 900
 UNCHANGED_REBUILD_LIMIT_S = 15.0
 
@@ -72,6 +74,7 @@ CHAPTERS = [
     "notebooks/04_striped_load_balancing",
     "notebooks/05_ring_vs_allgather",
     "notebooks/06_when_does_cp_pay_off",
+    "notebooks/07_cp_in_a_model",
 ]
 
 
@@ -89,7 +92,8 @@ def _run_sphinx(log_name: str) -> float:
             # the reference backend the unit tests pin in conftest.py
             # the unit tests pin in conftest.py; and with conf.py's four simulated devices, not the
             # tests' eight
-            env={k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")},
+            env={**{k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")},
+                 "CP_TUTORIAL_BUILD_DIR": str(BUILD)},
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
@@ -400,6 +404,18 @@ def test_chapter_shows_backend_and_figure(crawl, chapter):
     assert "Backend:" in res.text, f"{chapter} does not print its 'Backend:' line"
     figures = [img for img in res.images if img["inArticle"] and img["width"] > 0]
     assert figures, f"{chapter} shows no rendered figure (no <img> with naturalWidth > 0 in the article)"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_offers_its_notebook(crawl, chapter):
+    """The page links its executed notebook, and the file is a notebook of that chapter."""
+    res = crawl.pages.get(f"{chapter}.html")
+    name = Path(chapter).name + ".ipynb"
+    assert res is not None and any(urlsplit(link["url"]).path.endswith("/" + name) for link in res.links), (
+        f"{chapter} has no link to {name}")
+    notebook = json.loads((HTML / "notebooks" / name).read_text())
+    code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert code and any(c.get("outputs") for c in code), f"{name} has no executed code cells"
 
 
 def test_formulas_render_offline(crawl):

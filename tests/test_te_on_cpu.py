@@ -1,4 +1,4 @@
-"""TransformerEngine's own JAX code on CPU (``tutorial_utils.te_on_cpu``) against independent oracles.
+"""TransformerEngine's own JAX code on CPU (``tutorial_utils.tools.te_on_cpu``) against independent oracles.
 
 * the stand-in extension: TE's C enum values, honest queries, loud refusals;
 * single device: TE's ``fused_attn`` (THD and BSHD, every mask type, windows, GQA 1/2/4/8,
@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from test_reference import _oracle_fn as _oracle  # jax.nn.dot_product_attention (xla) + gradients
 from test_reference import np_attention, np_visible, random_layout
-from tutorial_utils import te_on_cpu
+from tutorial_utils.tools import te_on_cpu
 from tutorial_utils.te.attention import silent_failure_checks
 from tutorial_utils.validation import first_violation
 

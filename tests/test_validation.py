@@ -12,7 +12,8 @@ from jax.sharding import Mesh
 
 import tutorial_utils.te as te
 from tutorial_utils.context_parallel import context_parallel_attention
-from tutorial_utils.inputs import pack_segments, workload_segments
+from tutorial_utils.inputs import pack_segments
+from tutorial_utils.tools.workload import workload_segments
 from tutorial_utils.reference import MaskSpec, blockwise_attention, dense_attention
 from tutorial_utils.te.attention import (
     AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrategy, QKVLayout, SequenceDescriptor, fused_attn, static_checks,
@@ -20,7 +21,7 @@ from tutorial_utils.te.attention import (
 from tutorial_utils.validation import (
     check_divisible_seq, check_gqa_heads, check_ulysses_heads, check_window, first_violation, validate_packed_inputs,
 )
-from tutorial_utils.workload import PRESETS
+from tutorial_utils.tools.workload import PRESETS
 
 
 def row(*ids):
@@ -65,9 +66,9 @@ def test_gqa_heads_not_divisible():
     k = jnp.zeros((1, 8, 4, 4))
     ids = jnp.ones((1, 8), jnp.int32)
     pos = jnp.arange(8)[None]
-    with pytest.raises(ValueError, match=r"num_kv_heads=4 does not divide num_q_heads=6"):
+    with pytest.raises(ValueError, match=r"kv heads \(k.shape\[2\]\)=4 does not divide num_q_heads=6"):
         dense_attention(q, k, k, ids, ids, pos, pos, scale=1.0)
-    with pytest.raises(ValueError, match=r"num_kv_heads=4 does not divide num_q_heads=6"):
+    with pytest.raises(ValueError, match=r"kv heads \(k.shape\[2\]\)=4 does not divide num_q_heads=6"):
         blockwise_attention(q, k, k, ids, ids, pos, pos, scale=1.0)
     assert check_gqa_heads(8, 2) == 4
 

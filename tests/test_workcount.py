@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths, workload_segments
-from tutorial_utils.workcount import (
+from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
+from tutorial_utils.tools.workload import workload_segments
+from tutorial_utils.tools.workcount import (
     attention_flops,
     count_work,
     count_workload,
@@ -17,7 +18,7 @@ from tutorial_utils.workcount import (
     total_visible_pairs,
     visible_pairs_per_query,
 )
-from tutorial_utils.workload import get_workload
+from tutorial_utils.tools.workload import get_workload
 
 
 # --------------------------------------------------------------------------------------------

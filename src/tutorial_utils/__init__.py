@@ -1,8 +1,20 @@
-"""tutorial_utils: context-parallel attention helpers that mirror TransformerEngine's JAX API.
+"""tutorial_utils: context-parallel attention for JAX, written to be read and copied.
 
-Import :mod:`tutorial_utils.runtime` (or call ``setup_devices``) *before* JAX to get 4
-simulated CPU devices on a machine without GPUs; ``tutorial_utils.te`` is a drop-in for
-``transformer_engine.jax`` that uses real TE on a GPU node and a pure-JAX reference elsewhere.
+What a reader copies into a model lives at the top level:
+
+* :mod:`tutorial_utils.te` - ``import tutorial_utils.te as te`` in place of
+  ``import transformer_engine.jax as te``: real TE on a GPU node, TE's own JAX code on CPU;
+* :mod:`tutorial_utils.reorder` - striped and dual-chunk load balancing (TE's functions);
+* :mod:`tutorial_utils.validation` - the checks for layouts TE would compute wrongly;
+* :mod:`tutorial_utils.reference` - readable attention kernels, the oracle for everything;
+* :mod:`tutorial_utils.context_parallel` - Ring, AllGather and Ulysses, one device's view;
+* :mod:`tutorial_utils.inputs` - packing documents into THD rows;
+* :mod:`tutorial_utils.model` and :mod:`tutorial_utils.text_data` - a small language model
+  and its data pipeline, with CP attention inside.
+
+:mod:`tutorial_utils.tools` is the tutorial's own tooling (device set-up, workloads,
+benchmarks and their records, plots, the cost model and the command-line tools); nothing
+above imports it except to find out where it runs.
 """
 
 from .reorder import (  # noqa: F401
@@ -11,10 +23,9 @@ from .reorder import (  # noqa: F401
     reorder_causal_load_balancing,
 )
 from .validation import validate_packed_inputs  # noqa: F401
-from .workload import PRESETS, Workload, get_workload, preset_from_env  # noqa: F401
 
 __all__ = [
     "ReorderStrategy", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "validate_packed_inputs", "PRESETS", "Workload", "get_workload", "preset_from_env",
+    "validate_packed_inputs",
 ]
 __version__ = "0.1.0"

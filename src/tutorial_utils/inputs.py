@@ -12,9 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .workload import Workload
-
-__all__ = ["random_qkv", "make_qkv", "fixed_slot_segments", "pack_segments", "workload_segments", "random_segment_lengths"]
+__all__ = ["random_qkv", "fixed_slot_segments", "pack_segments", "random_segment_lengths"]
 
 
 def random_qkv(seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype):
@@ -34,13 +32,6 @@ def random_qkv(seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_hea
         jax.random.normal(kv, kv_shape).astype(dtype),
         jax.random.normal(kd, q_shape).astype(dtype),
     )
-
-
-def make_qkv(workload: Workload, seed: int = 2026, dtype=None):
-    """The workload's ``q, k, v, dout`` (see :func:`random_qkv`), in its dtype unless ``dtype`` is given."""
-    dtype = workload.jnp_dtype if dtype is None else dtype
-    return random_qkv(seed, workload.batch, workload.seq_len, workload.num_q_heads, workload.num_kv_heads,
-                      workload.head_dim, dtype)
 
 
 def fixed_slot_segments(batch: int, seq_len: int, slots: int, valid_per_slot: int):
@@ -93,11 +84,6 @@ def pack_segments(lengths: Sequence[Sequence[int]], seq_len: int, align: int = 1
         if start < seq_len:
             pos[b, start:] = np.arange(seq_len - start)
     return ids, pos
-
-
-def workload_segments(workload: Workload):
-    """The workload's fixed-slot packing (TE example layout)."""
-    return fixed_slot_segments(workload.batch, workload.seq_len, workload.segments_per_row, workload.valid_per_slot)
 
 
 def random_segment_lengths(rng: np.random.Generator, batch: int, seq_len: int, max_segments: int, align: int = 1, min_len: int = 1):

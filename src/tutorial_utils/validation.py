@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import jax.numpy as jnp
 import numpy as np
 
 from .reorder import ReorderStrategy
@@ -65,6 +64,8 @@ def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
     Only shapes and dtypes are read (anything with ``.shape`` and ``.dtype``, including
     ``jax.ShapeDtypeStruct`` and tracers), so nothing is added to a traced computation.
     """
+    import jax.numpy as jnp  # here, not at import: device set-up must be able to run before JAX starts
+
     arrays = dict(zip(names, (q, k, v)))
     for name, x in arrays.items():
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):

@@ -1,7 +1,7 @@
 """``transformer_engine.jax.attention`` with the same names, signatures and defaults (TE 2.20.2).
 
 Why: readers copy these calls into models that run real TE. Whenever TE's own Python runs
-(real TE on a GPU node, or TE's JAX code on CPU with :mod:`tutorial_utils.te_on_cpu`'s
+(real TE on a GPU node, or TE's JAX code on CPU with :mod:`tutorial_utils.tools.te_on_cpu`'s
 kernel), every name here is TE's, and ``fused_attn`` is TE's behind
 :func:`silent_failure_checks`: static checks for the inputs TE accepts and computes
 *wrongly* (each has a test in which TE, without the check, returns a wrong result). Under
@@ -172,7 +172,7 @@ def check_call(qkv, bias, sequence_descriptor, *, attn_bias_type, qkv_layout, sc
     and (when concrete, i.e. not traced) THD seqlens/offsets. Returns ``qkv`` with NumPy
     arrays made JAX arrays, so an eager call behaves as under ``jit``.
     """
-    qkv = tuple(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv) if isinstance(qkv, (tuple, list)) else qkv
+    qkv = type(qkv)(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv) if isinstance(qkv, (tuple, list)) else qkv
     q, k, v = _unpack_qkv(qkv, qkv_layout, slice_packed=False)
     check_qkv(q, k, v)
     check_scaling_factor(scaling_factor)

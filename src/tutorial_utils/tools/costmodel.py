@@ -32,7 +32,7 @@ How the model works:
   (fitted on the same points). Both forms agree on the published points and disagree away
   from them (e.g. narrow windows); chapter 6 plots both to show what a measurement would
   have to settle.
-* Communication: bytes from :func:`tutorial_utils.comm.comm_volume` (TE schedule) over the
+* Communication: bytes from :func:`tutorial_utils.tools.comm.comm_volume` (TE schedule) over the
   NVLink per-direction bandwidth, latency ignored. AllGather and Ulysses collectives are
   fully exposed (TE's AllGather does not overlap); each Ring hop hides under the
   compute of one step and only the excess (plus the final dK/dV hop home) is exposed.
@@ -69,7 +69,7 @@ from typing import Dict, Optional
 
 from .comm import comm_volume, dtype_bytes, ring_step_bytes
 from .hardware import HardwareProfile, get_hardware
-from .inputs import fixed_slot_segments
+from ..inputs import fixed_slot_segments
 from .workcount import BWD_FWD_RATIO, count_work
 from .workload import Workload, get_workload
 

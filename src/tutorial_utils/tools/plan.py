@@ -1,10 +1,10 @@
-"""CP advisor: ``python -m tutorial_utils.plan`` predicts Ring, AllGather and Ulysses for a workload.
+"""CP advisor: ``python -m tutorial_utils.tools.plan`` predicts Ring, AllGather and Ulysses for a workload.
 
 Why: before booking GPUs, a user wants to know which strategy and stripe size to try
 first and what speedup to expect. This prints the cost model's table (time, speedup,
 bytes each rank sends, peak attention memory per rank against the GPU's HBM, where the gap
 to the ideal goes) and one recommendation with its reason. Every time is a *model
-prediction* (see :mod:`tutorial_utils.costmodel` for what was fitted on which published
+prediction* (see :mod:`tutorial_utils.tools.costmodel` for what was fitted on which published
 measurement); memory is counted, not fitted. Configurations that do not fit in HBM are
 marked and never recommended.
 
@@ -16,9 +16,9 @@ whenever more than half of a row is padding.
 
 Examples::
 
-    python -m tutorial_utils.plan --preset seed --hardware GB200
-    python -m tutorial_utils.plan --preset seed --hardware H200 --window 1024 0 --json
-    python -m tutorial_utils.plan --batch 1 --seq-len 131072 --q-heads 64 --kv-heads 8 --head-dim 128 \\
+    python -m tutorial_utils.tools.plan --preset seed --hardware GB200
+    python -m tutorial_utils.tools.plan --preset seed --hardware H200 --window 1024 0 --json
+    python -m tutorial_utils.tools.plan --batch 1 --seq-len 131072 --q-heads 64 --kv-heads 8 --head-dim 128 \\
         --segments 8 --valid 16384 --window -1 0 --cp 8
 """
 
@@ -354,7 +354,7 @@ def format_table(result: dict) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tutorial_utils.plan",
+        prog="python -m tutorial_utils.tools.plan",
         description="Predict fwd+bwd time, speedup and per-rank memory of CP attention strategies (cost model).",
         epilog=("Shape flags override the preset. If --seq-len or --segments changes the slot length and --valid is "
                 "not given, the preset's slots per row and fill are kept: valid per slot = round(fill x slot length) "

@@ -1,9 +1,9 @@
-"""``python -m tutorial_utils.bench``: time forward+backward attention per CP strategy, store one record.
+"""``python -m tutorial_utils.tools.bench``: time forward+backward attention per CP strategy, store one record.
 
 Why: the tutorial's claims about Ring, AllGather and Ulysses must be checked where users run
 them: on GPU nodes with real TransformerEngine. This command times each strategy the way TE's
 CP tutorial does (``jax.jit(jax.value_and_grad(loss))`` with explicit shardings, warm-up,
-compile excluded, ``block_until_ready``; see :func:`tutorial_utils.bench.time_fn`), sweeps
+compile excluded, ``block_until_ready``; see :func:`tutorial_utils.tools.bench.time_fn`), sweeps
 the AllGather stripe size and the sliding window, and writes ONE ``cp-bench/1`` record with
 the GPU model, driver, CUDA/cuDNN/JAX/TE versions and achieved TFLOP/s.
 
@@ -64,14 +64,14 @@ __all__ = [
 
 STRATEGY_CHOICES = ("single", "ring", "allgather", "ulysses")
 DEFAULT_STRIPES = (1, 128, 512)
-DEFAULT_LINK_GBPS = 450.0  # NVLink4 per direction (H100/H200), used when tutorial_utils.hardware does not know the GPU
+DEFAULT_LINK_GBPS = 450.0  # NVLink4 per direction (H100/H200), used when tutorial_utils.tools.hardware does not know the GPU
 
 
 # ============================================================================ work counting
 
 
 def visible_pairs(segment_ids, segment_pos, window=(-1, 0)) -> int:
-    """Visible pairs per head summed over the batch (exact count from :mod:`tutorial_utils.workcount`)."""
+    """Visible pairs per head summed over the batch (exact count from :mod:`tutorial_utils.tools.workcount`)."""
     from .workcount import total_visible_pairs
 
     left = -1 if window is None else int(window[0])
@@ -101,8 +101,8 @@ def rank_subproblems(strategy: str, seq_len: int, cp_size: int, stripe_size: int
     The token layout is TE's striped load balancing with ``stripe_size``
     (:func:`tutorial_utils.reorder.rank_token_indices`).
     """
-    from .reorder import ReorderStrategy, rank_token_indices
-    from .validation import check_divisible_seq, check_ulysses_heads
+    from ..reorder import ReorderStrategy, rank_token_indices
+    from ..validation import check_divisible_seq, check_ulysses_heads
 
     if strategy not in STRATEGY_CHOICES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {STRATEGY_CHOICES}.")
@@ -318,8 +318,8 @@ def emulate_strategy_reference(strategy: str, q, k, v, dout, segment_ids, segmen
     import jax
     import jax.numpy as jnp
 
-    from .context_parallel import merge_partial
-    from .reference import MaskSpec, blockwise_attention
+    from ..context_parallel import merge_partial
+    from ..reference import MaskSpec, blockwise_attention
 
     b, s, hq, d = q.shape
     hkv = k.shape[2]
@@ -395,7 +395,7 @@ def emulate_strategy_reference(strategy: str, q, k, v, dout, segment_ids, segmen
 
 
 def comm_bytes(strategy: str, workload, cp_size: int) -> Dict[str, int]:
-    """Bytes one rank sends per step (``fwd``, ``bwd``) under TE's schedule, from :mod:`tutorial_utils.comm`."""
+    """Bytes one rank sends per step (``fwd``, ``bwd``) under TE's schedule, from :mod:`tutorial_utils.tools.comm`."""
     if strategy == "single" or cp_size == 1:
         return {"fwd": 0, "bwd": 0}
     from .comm import comm_volume
@@ -463,7 +463,7 @@ def _strategy_list(text: str) -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tutorial_utils.bench",
+        prog="python -m tutorial_utils.tools.bench",
         description="Time forward+backward attention (single device, Ring, AllGather, Ulysses) and write one cp-bench/1 "
                     "record. With --emulate-ranks N, time each rank's sub-problem on one device and predict N devices.")
     p.add_argument("--preset", choices=("seed", "cpu", "tiny"), default=None,
@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time each of N ranks' sub-problems on one device and predict the N-device step (emulated)")
     p.add_argument("--link-gbps", type=positive_float, default=None,
                    help="per-direction link bandwidth in GB/s for --emulate-ranks (default: the GPU's NVLink from "
-                        "tutorial_utils.hardware, else 450)")
+                        "tutorial_utils.tools.hardware, else 450)")
     p.add_argument("--kernel", choices=("auto", "reference", "te"), default="auto",
                    help="kernel timing the emulated sub-problems: te (real TE, GPU), reference (pure JAX); auto = te "
                         "when real TE is active")
@@ -562,7 +562,7 @@ def _default_link_gbps(device_kind: str) -> Tuple[float, str]:
         for key in sorted(PROFILES, key=len, reverse=True):
             if key in kind:
                 prof = PROFILES[key]
-                return float(prof.nvlink_gbps_per_direction), f"tutorial_utils.hardware {key} NVLink per direction"
+                return float(prof.nvlink_gbps_per_direction), f"tutorial_utils.tools.hardware {key} NVLink per direction"
     return DEFAULT_LINK_GBPS, "default 450 GB/s (NVLink4 per direction)"
 
 
@@ -599,7 +599,7 @@ def _fail(parser: argparse.ArgumentParser, option: str, message: str):
 def _resolve(args, parser):
     """Workload, strategies, stripes, windows after checking them against the preset; errors name the option."""
     from .runtime import gpu_present
-    from .validation import check_ulysses_heads
+    from ..validation import check_ulysses_heads
     from .workload import fit_cp_to_devices, get_workload
 
     preset = args.preset or os.environ.get("CP_TUTORIAL_PRESET") or ("seed" if gpu_present() else "cpu")
@@ -660,8 +660,8 @@ def _resolve(args, parser):
 
 
 def _facade():
-    from . import te
-    from .te import attention as ta
+    from .. import te
+    from ..te import attention as ta
 
     return te, ta
 
@@ -698,7 +698,7 @@ def _time_single(wl, data, window, warmup, iters):
     def loss_fn(qkv, desc_arg, dout_arg):
         return _loss(_thd_fused(ta, *qkv, desc_arg, wl=wl, window=window, max_segments=wl.max_segments_per_seq), dout_arg)
 
-    from .bench import time_fn
+    from .timing import time_fn
 
     return time_fn(jax.jit(jax.value_and_grad(loss_fn)), (q, k, v), desc, dout, warmup=warmup, iters=iters)
 
@@ -708,8 +708,8 @@ def _time_cp(wl, data, case: _Case, cp: int, warmup, iters):
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from .bench import time_fn
-    from .context_parallel import context_parallel_attention
+    from .timing import time_fn
+    from ..context_parallel import context_parallel_attention
 
     te, ta = _facade()
     q, k, v, dout, ids, pos = data
@@ -764,7 +764,7 @@ def _emulated_fns(kernel: str, wl, window):
     """``(make_args(sub), fn)`` pairs: ``fn(*args)`` runs one sub-problem's forward+backward."""
     import jax
 
-    from .reference import MaskSpec, blockwise_attention
+    from ..reference import MaskSpec, blockwise_attention
 
     te, ta = _facade()
     spec = MaskSpec(padding=True, causal=True, window=(-1, 0) if window[0] < 0 else window)
@@ -794,7 +794,7 @@ def _run_emulated(wl, data, case: _Case, cp: int, kernel: str, warmup: int, iter
     """Time every sub-problem of ``case`` on one device; return per-rank (or per rank-step) timings in ms."""
     import jax.numpy as jnp
 
-    from .bench import time_fn
+    from .timing import time_fn
 
     te, ta = _facade()
     q, k, v, dout, ids, pos = data
@@ -880,10 +880,10 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
     import jax
 
-    from . import te
-    from .bench import make_record
+    from .. import te
+    from .timing import make_record
     from .workcount import attention_flops
-    from .inputs import make_qkv, workload_segments
+    from .workload import make_qkv, workload_segments
     from .records import source_for, write_record
 
     platform = jax.default_backend()

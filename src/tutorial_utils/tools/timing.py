@@ -64,16 +64,3 @@ def make_record(label: str, source: str, config: dict, results: Sequence[dict], 
     if notes:
         rec["notes"] = notes
     return rec
-
-
-def main(argv=None) -> int:
-    """``python -m tutorial_utils.bench``: the command-line benchmark (see :mod:`tutorial_utils.bench_cli`)."""
-    from .bench_cli import main as _cli_main
-
-    return _cli_main(argv)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m tutorial_utils.check``: is this installation right, on the devices present?
+"""``python -m tutorial_utils.tools.check``: is this installation right, on the devices present?
 
 Why: a GPU node has many ways to be subtly wrong (no fused kernel for THD on this GPU, a cuDNN
 without GQA/SWA support, a JAX that cannot see every device). The check answers "does what I
@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .inputs import random_qkv
+from ..inputs import random_qkv
 
 __all__ = ["CheckResult", "tolerance", "compare", "run_checks", "build_parser", "main", "cp_workload_for",
            "FUSED_ATTN_PARAMS", "KERNEL_AVAILABLE_PARAMS", "MESH_RESOURCE_FIELDS"]
@@ -150,7 +150,7 @@ def _highest():
 
 
 def _packed(rng, batch, seq, max_segments, align=1):
-    from .inputs import pack_segments, random_segment_lengths
+    from ..inputs import pack_segments, random_segment_lengths
 
     lengths = random_segment_lengths(rng, batch, seq, max_segments, align=align, min_len=2)
     ids, pos = pack_segments(lengths, seq, align=align)
@@ -162,7 +162,7 @@ def _reference_vjp_fn():
     import jax
     import jax.numpy as jnp
 
-    from .reference import MaskSpec, blockwise_attention, dense_attention
+    from ..reference import MaskSpec, blockwise_attention, dense_attention
 
     @functools.partial(jax.jit, static_argnames=("scale", "window", "dense", "block_q", "block_kv"))
     def fwd_bwd(q, k, v, dout, ids_q, ids_kv, pos_q, pos_kv, *, scale, window, dense, block_q, block_kv):
@@ -292,7 +292,7 @@ def _te_vs_reference(ta, *, layout: str, mask: str, b, s, hq, hkv, d, window, id
 def _te_configs(quick: bool) -> List[dict]:
     """Small TE comparison cases (and the seed shape unless quick)."""
     rng = np.random.default_rng(7)
-    from .inputs import fixed_slot_segments
+    from ..inputs import fixed_slot_segments
 
     ids_slot, pos_slot = fixed_slot_segments(2, 512, 4, 96)
     ids_rand, pos_rand = _packed(rng, 2, 512, 4)
@@ -317,7 +317,7 @@ def _te_configs(quick: bool) -> List[dict]:
 
 def _seed_shape_case(ta, plumbing: bool):
     """TE's 4-GPU example shape on ONE device, loss on a subset of query rows (reference on that subset)."""
-    from .inputs import workload_segments
+    from .workload import workload_segments
     from .workload import get_workload
 
     wl = get_workload("seed")
@@ -346,7 +346,7 @@ def _te_cp_case(ta, te, strategy: str, devices) -> dict:
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from .inputs import fixed_slot_segments
+    from ..inputs import fixed_slot_segments
 
     cp = len(devices)
     stripe = 1 if strategy == "ring" else 4
@@ -398,8 +398,8 @@ def _te_emulated_case(ta, strategies: Sequence[str], plumbing: bool) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from .bench_cli import allgather_ragged_calls, rank_subproblems, ring_ragged_calls, te_descriptor
-    from .inputs import fixed_slot_segments
+    from .bench import allgather_ragged_calls, rank_subproblems, ring_ragged_calls, te_descriptor
+    from ..inputs import fixed_slot_segments
 
     cp, b, s, hq, hkv, d = 4, 2, 512, 8, 2, 64
     window = (40, 0)
@@ -452,7 +452,7 @@ def _oracle_case(cfg: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from .reference import MaskSpec, visibility
+    from ..reference import MaskSpec, visibility
 
     b, s, hq, hkv, d, window = cfg["b"], cfg["s"], cfg["hq"], cfg["hkv"], cfg["d"], cfg["window"]
     ids, pos = jnp.asarray(cfg["ids"]), jnp.asarray(cfg["pos"])
@@ -484,7 +484,7 @@ def _oracle_case(cfg: dict) -> dict:
 
 
 def _oracle_configs(quick: bool) -> List[dict]:
-    from .inputs import fixed_slot_segments
+    from ..inputs import fixed_slot_segments
 
     rng = np.random.default_rng(3)
     ids_r, pos_r = _packed(rng, 2, 128, 4)
@@ -531,9 +531,9 @@ def _cp_case(strategy: str, devices) -> dict:
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from .context_parallel import context_parallel_attention
-    from .inputs import make_qkv, workload_segments
-    from .reorder import ReorderStrategy, inverse_reorder_causal_load_balancing, reorder_causal_load_balancing
+    from ..context_parallel import context_parallel_attention
+    from .workload import make_qkv, workload_segments
+    from ..reorder import ReorderStrategy, inverse_reorder_causal_load_balancing, reorder_causal_load_balancing
 
     n = len(devices)
     wl = cp_workload_for(n)
@@ -567,8 +567,8 @@ def _cp_case(strategy: str, devices) -> dict:
 
 
 def _cp_emulated_case(strategy: str, ranks: int = 4) -> dict:
-    from .bench_cli import emulate_strategy_reference
-    from .inputs import make_qkv, workload_segments
+    from .bench import emulate_strategy_reference
+    from .workload import make_qkv, workload_segments
 
     wl = cp_workload_for(ranks)
     q, k, v, dout = make_qkv(wl, seed=23)
@@ -585,9 +585,9 @@ def _cp_emulated_case(strategy: str, ranks: int = 4) -> dict:
 
 
 def _descriptor_case(quick: bool) -> dict:
-    from .bench_cli import (allgather_ragged_calls, rank_subproblems, ragged_visibility, ring_ragged_calls,
+    from .bench import (allgather_ragged_calls, rank_subproblems, ragged_visibility, ring_ragged_calls,
                             subproblem_visibility)
-    from .inputs import fixed_slot_segments
+    from ..inputs import fixed_slot_segments
 
     rng = np.random.default_rng(1)
     layouts = [("slots", *fixed_slot_segments(2, 256, 4, 48)), ("packed", *_packed(rng, 2, 256, 5))]
@@ -623,8 +623,8 @@ def _param_names(fn) -> List[str]:
 def _signature_case() -> dict:
     import dataclasses as _dc
 
-    from . import te
-    from .te import attention as ta
+    from .. import te
+    from ..te import attention as ta
 
     problems, metrics = [], {}
     expected = {"fused_attn": FUSED_ATTN_PARAMS, "is_fused_attn_kernel_available": KERNEL_AVAILABLE_PARAMS,
@@ -690,8 +690,8 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
     """
     import jax
 
-    from . import te
-    from .te import attention as ta
+    from .. import te
+    from ..te import attention as ta
 
     devices = list(jax.devices()) if devices is None else list(devices)
     results: List[CheckResult] = []
@@ -766,7 +766,7 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
             lambda m: "dense " + _worst(m["dense"]) + "; blockwise " + _worst(m["blockwise"]))
 
     # (c) CP strategies on the devices present, and the per-rank emulation
-    from .validation import check_ulysses_heads
+    from ..validation import check_ulysses_heads
 
     n = len(devices)
     for strategy in ("allgather", "ring", "ulysses"):
@@ -797,7 +797,7 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tutorial_utils.check",
+    p = argparse.ArgumentParser(prog="python -m tutorial_utils.tools.check",
                                 description="Check real TE (when active), the reference and every CP strategy on the devices "
                                             "present. Prints PASS|FAIL|SKIP lines; exit code 1 if any check fails.")
     p.add_argument("--out", default=None, help="write the JSON report here (e.g. results/checks/gpu-check.json)")
@@ -821,8 +821,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(str(err))
     import jax
 
-    from . import te
-    from .bench_cli import _gpu_versions
+    from .. import te
+    from .bench import _gpu_versions
     from .runtime import backend_line, environment_record
 
     def echo(line: str) -> None:

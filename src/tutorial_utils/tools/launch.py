@@ -5,7 +5,7 @@ nodes, not with one process that owns every device. The code that shards the seq
 the same; what changes is that every process must join one JAX distributed runtime before
 touching a device, and that a dead or missing peer must turn into a clear error, not a hang.
 
-* ``python -m tutorial_utils.launch -n 4 [--timeout S] [--port P] -- <module or script> [args]``
+* ``python -m tutorial_utils.tools.launch -n 4 [--timeout S] [--port P] -- <module or script> [args]``
   starts N processes on 127.0.0.1 with ``COORDINATOR_ADDRESS``, ``NUM_PROCESSES`` and
   ``PROCESS_ID`` set (on CPU also ``JAX_PLATFORMS=cpu`` and one host device per process),
   prefixes their output with ``[rank i]``, and watches them: when one exits non-zero (or
@@ -16,7 +16,7 @@ touching a device, and that a dead or missing peer must turn into a clear error,
   timeouts. A peer that never joins makes every rank exit with an "initialization timed out"
   message after ``initialization_timeout``; a peer that dies later is reported by the
   coordination service ("stopped sending heartbeats") within ``heartbeat_timeout``.
-* ``python -m tutorial_utils.launch -n 4 --demo`` runs the built-in worker
+* ``python -m tutorial_utils.tools.launch -n 4 --demo`` runs the built-in worker
   (``--worker-demo``): Ring, AllGather and Ulysses (and the TE facade's Ring/AllGather) on a
   global mesh over every process's devices, each rank checking its shards against a
   single-device computation it does itself.
@@ -158,7 +158,7 @@ def initialize(*, coordinator_address: Optional[str] = None, num_processes: Opti
         missing = [n for n, v in ((ENV_COORDINATOR, coordinator_address), (ENV_NUM_PROCESSES, num_processes),
                                   (ENV_PROCESS_ID, process_id)) if v is None]
         raise ValueError(f"incomplete distributed settings: {', '.join(missing)} not set. Set all of {ENV_COORDINATOR}, "
-                         f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} (python -m tutorial_utils.launch does), or none of them "
+                         f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} (python -m tutorial_utils.tools.launch does), or none of them "
                          "under SLURM / Open MPI.")
     if explicit and not 0 <= process_id < num_processes:
         raise ValueError(f"{ENV_PROCESS_ID}={process_id} must be in [0, {ENV_NUM_PROCESSES}={num_processes}).")
@@ -182,7 +182,7 @@ def initialize(*, coordinator_address: Optional[str] = None, num_processes: Opti
         info.update(local_devices=[str(d) for d in jax.local_devices()], global_devices=[str(d) for d in jax.devices()])
         return info
     if _backends_initialized():
-        raise RuntimeError("tutorial_utils.launch.initialize() must run before any JAX computation (JAX's backends are "
+        raise RuntimeError("tutorial_utils.tools.launch.initialize() must run before any JAX computation (JAX's backends are "
                            "already initialised in this process); call it first thing in the worker.")
     if platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -468,12 +468,12 @@ def _demo_worker(args) -> int:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from . import te
+    from .. import te
     from .check import cp_workload_for, _reference_fwd_bwd
-    from .context_parallel import context_parallel_attention
-    from .inputs import make_qkv, workload_segments
-    from .reorder import ReorderStrategy, reorder_causal_load_balancing
-    from .te import attention as ta
+    from ..context_parallel import context_parallel_attention
+    from .workload import make_qkv, workload_segments
+    from ..reorder import ReorderStrategy, reorder_causal_load_balancing
+    from ..te import attention as ta
 
     rank, nproc = info["process_id"], info["num_processes"]
     print(f"joined: process {rank} of {nproc}, local devices {info['local_devices']}, "
@@ -589,10 +589,10 @@ def _parse_strategies(text: str) -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tutorial_utils.launch",
-        usage="python -m tutorial_utils.launch -n N [options] (--demo [demo options] | -- <module or script> [args])",
+        prog="python -m tutorial_utils.tools.launch",
+        usage="python -m tutorial_utils.tools.launch -n N [options] (--demo [demo options] | -- <module or script> [args])",
         description="Start N processes on 127.0.0.1, one per device, each with COORDINATOR_ADDRESS, NUM_PROCESSES and "
-                    "PROCESS_ID set; workers call tutorial_utils.launch.initialize(). If a rank fails or --timeout passes, "
+                    "PROCESS_ID set; workers call tutorial_utils.tools.launch.initialize(). If a rank fails or --timeout passes, "
                     "the others are stopped and the launcher exits non-zero naming the rank.")
     p.add_argument("-n", "--nprocs", type=positive_int, default=None, help="number of processes")
     p.add_argument("--timeout", type=float, default=None, help="overall wall-clock limit in seconds")
@@ -655,7 +655,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"argument --skip-rank: {r} is not a rank of -n {args.nprocs} (0..{args.nprocs - 1})")
     if args.timeout is not None and args.timeout <= 0:
         parser.error(f"argument --timeout: must be > 0 seconds, got {args.timeout}")
-    run_target = ["tutorial_utils.launch", *_demo_args(args)] if args.demo else target
+    run_target = ["tutorial_utils.tools.launch", *_demo_args(args)] if args.demo else target
     result = launch(args.nprocs, run_target, port=args.port, timeout=args.timeout, platform=args.platform,
                     skip_ranks=args.skip_rank, on_failure=args.on_failure, init_timeout=args.init_timeout,
                     heartbeat_timeout=args.heartbeat_timeout, shutdown_timeout=args.shutdown_timeout,

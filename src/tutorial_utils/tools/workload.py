@@ -12,7 +12,10 @@ import os
 import sys
 from typing import Tuple
 
-__all__ = ["Workload", "PRESETS", "get_workload", "preset_from_env", "fit_cp_to_devices", "workload_for_devices"]
+from ..inputs import fixed_slot_segments, random_qkv
+
+__all__ = ["Workload", "PRESETS", "get_workload", "preset_from_env", "fit_cp_to_devices", "workload_for_devices",
+           "make_qkv", "workload_segments"]
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -60,7 +63,7 @@ class Workload:
                 f"Workload.valid_per_slot={self.valid_per_slot} exceeds the slot length {self.slot_len}; "
                 "it must be at most seq_len/segments_per_row."
             )
-        from .validation import check_window  # local import: validation imports nothing from here
+        from ..validation import check_window  # local import: validation imports nothing from here
 
         object.__setattr__(self, "window", check_window(self.window, name="Workload.window"))
         if self.dtype not in _DTYPES:
@@ -190,3 +193,15 @@ def workload_for_devices(default: str = "cpu") -> Workload:
     import jax
 
     return fit_cp_to_devices(preset_from_env(default), len(jax.devices()))
+
+
+def make_qkv(workload: Workload, seed: int = 2026, dtype=None):
+    """The workload's ``q, k, v, dout`` (see :func:`random_qkv`), in its dtype unless ``dtype`` is given."""
+    dtype = workload.jnp_dtype if dtype is None else dtype
+    return random_qkv(seed, workload.batch, workload.seq_len, workload.num_q_heads, workload.num_kv_heads,
+                      workload.head_dim, dtype)
+
+
+def workload_segments(workload: Workload):
+    """The workload's fixed-slot packing (TE example layout)."""
+    return fixed_slot_segments(workload.batch, workload.seq_len, workload.segments_per_row, workload.valid_per_slot)

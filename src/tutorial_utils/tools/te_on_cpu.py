@@ -242,7 +242,7 @@ _UNIMPLEMENTED = [
 def _unimplemented(name):
     def call(*_args, **_kwargs):
         raise NotImplementedError(
-            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in (tutorial_utils.te_on_cpu): only "
+            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in (tutorial_utils.tools.te_on_cpu): only "
             "fused attention runs on CPU. Run on a GPU node with real TransformerEngine for this feature.")
     call.__name__ = name
     return call
@@ -250,11 +250,11 @@ def _unimplemented(name):
 
 class _StandInModule(types.ModuleType):
     def __getattr__(self, name):
-        raise AttributeError(f"transformer_engine_jax.{name} does not exist in the CPU stand-in (tutorial_utils.te_on_cpu)")
+        raise AttributeError(f"transformer_engine_jax.{name} does not exist in the CPU stand-in (tutorial_utils.tools.te_on_cpu)")
 
 
 def _make_standin() -> types.ModuleType:
-    mod = _StandInModule(STANDIN_NAME, "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.te_on_cpu)")
+    mod = _StandInModule(STANDIN_NAME, "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.tools.te_on_cpu)")
     for e in _ENUMS:
         setattr(mod, e.__name__, e)
     for fn in (nvte_get_qkv_format, get_fused_attn_backend, get_fused_attn_fwd_workspace_sizes,
@@ -337,7 +337,7 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
     """
     import jax.numpy as jnp
 
-    from .reference import MaskSpec
+    from ..reference import MaskSpec
 
     layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
     padding, causal = _mask_flags(config.attn_mask_type.value)
@@ -407,7 +407,7 @@ class _Problem:
 def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out):
     import jax.numpy as jnp
 
-    from .reference import blockwise_attention, dense_attention
+    from ..reference import blockwise_attention, dense_attention
 
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
     b, sq, hq, ragged, spec, scale, sink = pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
@@ -444,7 +444,7 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     import jax
     import jax.numpy as jnp
 
-    from .reference import blockwise_backward, dense_attention
+    from ..reference import blockwise_backward, dense_attention
 
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
     layout, b, sq, hq, ragged, spec, scale, sink = pb.layout, pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink

@@ -227,8 +227,8 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
     their conjunction, coloured by segment. The last panel's image is the visibility matrix
     that :func:`tutorial_utils.reference.visibility` defines (white = masked).
     """
-    from .reference import MaskSpec, visibility
-    from .validation import check_window
+    from ..reference import MaskSpec, visibility
+    from ..validation import check_window
 
     left, right = check_window(window, name="window")
     ids, pos = _ids_pos_row(segment_ids, segment_pos, row)
@@ -278,7 +278,7 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str
     One line per query head (``ax.lines``), from its box in the top row to its KV head's
     box in the bottom row; consecutive query heads share a KV head.
     """
-    from .validation import check_gqa_heads
+    from ..validation import check_gqa_heads
 
     hq = _positive_int("num_q_heads", num_q_heads)
     hkv = _positive_int("num_kv_heads", num_kv_heads)
@@ -338,7 +338,7 @@ def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("conti
     ``layouts``: names (``'contiguous'``, ``'striped'``, ``'dual_chunk'``) or
     ``(layout, stripe_size)`` pairs. Rank r holds the r-th contiguous slice of the
     (reordered) sequence, so a layout is the permutation of
-    :func:`tutorial_utils.workcount.local_token_order`. With ``segment_ids`` (one row,
+    :func:`tutorial_utils.tools.workcount.local_token_order`. With ``segment_ids`` (one row,
     ``[seq]``) an extra image row shows the packing underneath. ``annotate`` writes the
     rank number into each cell (default: when ``seq_len <= 64``). The owner matrix is the
     first image's data, ``[len(layouts), seq_len]``.
@@ -483,7 +483,7 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
 
     ``pair_matrices``: ``{label: M}`` with ``M[q_rank, kv_rank]`` the visible query-key
     pairs whose query lives on ``q_rank`` and key on ``kv_rank`` (e.g.
-    :func:`tutorial_utils.workcount.pair_matrix`). One heatmap per layout (annotated in
+    :func:`tutorial_utils.tools.workcount.pair_matrix`). One heatmap per layout (annotated in
     pairs, at most three per row), and a last, full-width panel with each rank's total
     divided by the mean over ranks, one row per layout: 1.00 everywhere is perfect
     balance, and the largest value is the slowdown the slowest rank imposes on AllGather.
@@ -573,7 +573,7 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
     * ``'allgather'`` (forward and backward): the forward all-gather of K, V, ids and
       positions (every rank sends its shard to every other); in the backward, with
       ``schedule='te'`` (TransformerEngine's primitives, as counted by
-      :func:`tutorial_utils.comm.comm_volume`), the same all-gather again, because TE's
+      :func:`tutorial_utils.tools.comm.comm_volume`), the same all-gather again, because TE's
       backward receives only the local shards, and then the reduce-scatter of dK, dV.
       ``schedule='reference'`` (``jax.grad`` of the ``shard_map`` reference, which keeps the
       gathered K/V) has only the reduce-scatter.
@@ -654,7 +654,7 @@ def _tensor_group(tensor: str) -> str:
 def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
     """Bytes each rank receives, forward and backward, per strategy (stacked by what moves).
 
-    ``volumes``: ``{label: CommVolume}`` from :func:`tutorial_utils.comm.comm_volume` (any
+    ``volumes``: ``{label: CommVolume}`` from :func:`tutorial_utils.tools.comm.comm_volume` (any
     object with ``transfers`` whose items have ``phase``, ``tensor`` and
     ``total_received``). Bars are grouped per strategy, ``fwd`` and ``bwd`` side by side,
     stacked into K/V, Q/O and segment-metadata bytes.
@@ -670,7 +670,7 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
     for label, vol in volumes.items():
         transfers = getattr(vol, "transfers", None)
         if transfers is None:
-            raise ValueError(f"volumes[{label!r}] has no 'transfers'; pass tutorial_utils.comm.CommVolume objects.")
+            raise ValueError(f"volumes[{label!r}] has no 'transfers'; pass tutorial_utils.tools.comm.CommVolume objects.")
         acc = {(ph, g): 0.0 for ph in ("fwd", "bwd") for g in groups}
         for t in transfers:
             try:

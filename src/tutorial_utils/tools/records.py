@@ -141,7 +141,7 @@ def validate_record(record: Any) -> None:
         _check_iso("created", record["created"])
 
     if not isinstance(record.get("hardware"), dict):
-        _fail("hardware", "must be an object (e.g. tutorial_utils.runtime.environment_record())", record.get("hardware"))
+        _fail("hardware", "must be an object (e.g. tutorial_utils.tools.runtime.environment_record())", record.get("hardware"))
 
     config = record.get("config")
     if not isinstance(config, dict):

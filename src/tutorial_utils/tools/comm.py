@@ -252,7 +252,7 @@ def comm_volume(strategy: str, *, batch: int, seq_len: int, num_q_heads: int, nu
 
 
 def comm_for_workload(workload, strategy: str, *, cp_size=None, schedule: str = "te") -> CommVolume:
-    """:func:`comm_volume` for a :class:`~tutorial_utils.workload.Workload`."""
+    """:func:`comm_volume` for a :class:`~tutorial_utils.tools.workload.Workload`."""
     return comm_volume(strategy, batch=workload.batch, seq_len=workload.seq_len, num_q_heads=workload.num_q_heads,
                        num_kv_heads=workload.num_kv_heads, head_dim=workload.head_dim,
                        cp_size=workload.cp_size if cp_size is None else cp_size, dtype=workload.dtype, schedule=schedule)

@@ -29,8 +29,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .reorder import ReorderStrategy, rank_token_indices
-from .validation import check_window
+from ..reorder import ReorderStrategy, rank_token_indices
+from ..validation import check_window
 
 __all__ = [
     "LAYOUTS",
@@ -430,8 +430,8 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
 
 def count_workload(workload, *, layout: str = "striped", stripe_size: Optional[int] = None, cp_size: Optional[int] = None,
                    tile=(128, 128)) -> WorkCount:
-    """:func:`count_work` for a :class:`~tutorial_utils.workload.Workload` (its fixed-slot packing)."""
-    from .inputs import workload_segments
+    """:func:`count_work` for a :class:`~tutorial_utils.tools.workload.Workload` (its fixed-slot packing)."""
+    from .workload import workload_segments
 
     ids, pos = workload_segments(workload)
     return count_work(ids, pos, workload.window, cp_size=workload.cp_size if cp_size is None else cp_size,

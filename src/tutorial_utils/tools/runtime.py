@@ -14,49 +14,11 @@ import shutil
 import subprocess
 import sys
 
+from ..gpu import gpu_present
+
 __all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
 
 _FLAG = "--xla_force_host_platform_device_count"
-
-
-def _cuda_plugin_installed() -> bool:
-    import importlib.util
-
-    names = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
-    for name in names:
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return True
-        except ModuleNotFoundError:  # a missing parent package (jax_plugins)
-            continue
-    return False
-
-
-def gpu_present() -> bool:
-    """True when an NVIDIA GPU is visible: to JAX if it is already running, else to the driver.
-
-    Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
-    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
-    """
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    if "jax" in sys.modules:
-        import jax
-
-        try:
-            return any(d.platform == "gpu" for d in jax.devices())
-        except RuntimeError:
-            return False
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-            if out.returncode == 0 and "GPU" in out.stdout:
-                return True
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    has_node = any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
-    return has_node and _cuda_plugin_installed()
 
 
 def setup_devices(num_cpu_devices: int = 4) -> None:
@@ -94,7 +56,7 @@ def _devices_summary():
 
 def backend_line(workload=None) -> str:
     """``Backend: ... | devices: ... | preset: ...``: print it at the top of every notebook."""
-    from . import te
+    from .. import te
 
     platform_name, count, kinds = _devices_summary()
     simulated = " (simulated host devices)" if platform_name == "cpu" and count > 1 else ""
@@ -130,7 +92,7 @@ def environment_record() -> dict:
     """Hardware and software facts to store with every benchmark record."""
     import jax
 
-    from . import te
+    from .. import te
 
     platform_name, count, kinds = _devices_summary()
     rec = {

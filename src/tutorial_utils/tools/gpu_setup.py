@@ -5,12 +5,12 @@ needs cuDNN >= 9.12 and the cudnn-frontend headers, and its CUDA core wheel is 2
 nodes often come with JAX and CUDA preinstalled and no package index. This module does the
 three things that go wrong by hand, each as a step that can be checked on a CPU machine:
 
-* ``python -m tutorial_utils.gpu_setup cudnn``: find the cuDNN runtime and refuse one older
+* ``python -m tutorial_utils.tools.gpu_setup cudnn``: find the cuDNN runtime and refuse one older
   than 9.12.0, naming the version found;
-* ``python -m tutorial_utils.gpu_setup bundle DIR --cuda 13``: download every file the offline
+* ``python -m tutorial_utils.tools.gpu_setup bundle DIR --cuda 13``: download every file the offline
   install needs (on a machine with a package index) and split those above 60 MiB into
   pieces, with SHA-256 checksums in ``DIR/manifest.json``;
-* ``python -m tutorial_utils.gpu_setup install DIR [--dry-run]``: verify and reassemble the
+* ``python -m tutorial_utils.tools.gpu_setup install DIR [--dry-run]``: verify and reassemble the
   pieces, then install offline: TE's Python and core wheels, cudnn-frontend and the small
   pure-Python needs, then TE's JAX extension built with ``--no-build-isolation``,
   ``NVTE_FRAMEWORK=jax`` and ``NVTE_CUDA_ARCHS`` against the installed JAX.
@@ -157,7 +157,7 @@ def join_pieces(directory: Path) -> List[Path]:
     directory = Path(directory)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        raise SystemExit(f"{manifest_path} not found: run `python -m tutorial_utils.gpu_setup bundle {directory}` on a "
+        raise SystemExit(f"{manifest_path} not found: run `python -m tutorial_utils.tools.gpu_setup bundle {directory}` on a "
                          "machine with a package index and copy the folder here.")
     manifest = json.loads(manifest_path.read_text())
     files = []
@@ -308,10 +308,10 @@ def run_commands(bundle_dir: Path, out: Path, python: str = sys.executable) -> L
     """The exact command lines of ``make gpu-run``: install TE offline, check it, time the seed workload."""
     budget = dict(RUN_STEPS)
     mod = [python, "-m"]
-    bench = mod + ["tutorial_utils.bench", "--preset", "seed", "--windows", "8192", "--out", str(out), "--no-progress"]
+    bench = mod + ["tutorial_utils.tools.bench", "--preset", "seed", "--windows", "8192", "--out", str(out), "--no-progress"]
     return [
-        ("install", budget["install"], mod + ["tutorial_utils.gpu_setup", "install", str(bundle_dir)]),
-        ("check", budget["check"], mod + ["tutorial_utils.check", "--out", str(out / "checks" / "gpu-check.json")]),
+        ("install", budget["install"], mod + ["tutorial_utils.tools.gpu_setup", "install", str(bundle_dir)]),
+        ("check", budget["check"], mod + ["tutorial_utils.tools.check", "--out", str(out / "checks" / "gpu-check.json")]),
         ("bench-single", budget["bench-single"], bench + ["--strategies", "single", "--name", "gpu-seed-single"]),
         ("bench-emulated", budget["bench-emulated"],
          bench + ["--emulate-ranks", "4", "--strategies", "ring,allgather,ulysses", "--stripes", "128,256,512",
@@ -351,7 +351,7 @@ def run(bundle_dir: Path, out: Path, *, dry_run: bool = False, python: str = sys
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tutorial_utils.gpu_setup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tutorial_utils.tools.gpu_setup", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("cudnn", help="print the cuDNN runtime found; exit 1 if missing or < 9.12.0")
     sub.add_parser("cuda", help="print the CUDA major version TE will be built for")

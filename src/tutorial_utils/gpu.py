@@ -1,0 +1,55 @@
+"""Is an NVIDIA GPU visible? Answered without starting JAX.
+
+Why: two decisions depend on it and both must happen before JAX starts: whether to
+simulate CPU devices (XLA reads that flag once, at start-up) and whether
+``tutorial_utils.te`` hands over to real TransformerEngine or to TE's code on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+__all__ = ["gpu_present"]
+
+
+def _cuda_plugin_installed() -> bool:
+    import importlib.util
+
+    names = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:  # a missing parent package (jax_plugins)
+            continue
+    return False
+
+
+def gpu_present() -> bool:
+    """True when an NVIDIA GPU is visible: to JAX if it is already running, else to the driver.
+
+    Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
+    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
+    """
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    if "jax" in sys.modules:
+        import jax
+
+        try:
+            return any(d.platform == "gpu" for d in jax.devices())
+        except RuntimeError:
+            return False
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    has_node = any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
+    return has_node and _cuda_plugin_installed()
