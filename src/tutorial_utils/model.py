@@ -191,7 +191,7 @@ def _block(x, p, segment_ids, segment_pos, config, attn):
 def forward(params, tokens, segment_ids, segment_pos, config: ModelConfig,
             attn: AttentionSharding = NO_CP):
     """Logits ``[batch, seq, vocab]`` in float32; the residual stream stays float32."""
-    x = params["embed"][tokens]
+    x = jnp.take(params["embed"], tokens, axis=0)  # NumPy parameters work too
     for p in params["blocks"]:
         x = _block(x, p, segment_ids, segment_pos, config, attn)
     x = rms_norm(x, params["final_norm"])
