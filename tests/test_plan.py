@@ -96,16 +96,17 @@ def test_calibration_states_what_it_fitted_and_the_shared_fit_is_within_10_perce
     assert 0 < cal.cp_factor["ring"] < cal.cp_factor["allgather"] < 1
 
 
-def test_fixed_overhead_form_also_reproduces_and_differs_off_the_fit():
-    scale, fixed = fit_calibration("scale"), fit_calibration("fixed")
+def test_one_model_only_and_its_stated_error_is_the_shared_fit_miss():
+    cal = fit_calibration()
+    assert cal.cross_strategy_error == pytest.approx(max(abs(v) for v in cal.shared_residuals.values()))
+    assert 0.03 < cal.cross_strategy_error < 0.10
+    assert plan("seed")["calibration"]["cross_strategy_error"] == pytest.approx(cal.cross_strategy_error)
     for strategy in ("ring", "allgather"):
         pub = PUBLISHED_GB200[strategy]
-        p = predict("seed", strategy, stripe_size=pub["stripe_size"], calibration=fixed)
+        p = predict("seed", strategy, stripe_size=pub["stripe_size"], calibration=cal)
         assert p.predicted_ms == pytest.approx(pub["mean_ms"], rel=1e-6)
-    narrow = get_workload("seed", window=(256, 0), stripe_size=128)
-    a = predict(narrow, "allgather", stripe_size=128, calibration=scale).speedup
-    b = predict(narrow, "allgather", stripe_size=128, calibration=fixed).speedup
-    assert b < a    # a constant overhead hurts small problems more
+    proc = _cli("--form", "fixed", check=False)   # the constant-overhead variant is gone
+    assert proc.returncode == 2 and "--form" in proc.stderr
 
 
 def test_other_hardware_scales_by_peak():
@@ -308,3 +309,16 @@ def test_recommendation_skips_a_faster_row_that_does_not_fit():
     assert res["recommendation"]["strategy"] == "none" and "nothing fits" in res["recommendation"]["reason"]
     text = format_table(res)
     assert ">HBM" in text and "does NOT fit" in text
+
+
+def test_compact_table_fits_a_page_and_keeps_the_deciding_columns(seed_gb200):
+    text = format_table(plan("seed"), compact=True)
+    lines = text.splitlines()
+    assert all(len(line) <= 88 for line in lines), max(lines, key=len)
+    assert sum(line.endswith("fitted") for line in lines) == 2          # TE's two published rows
+    assert any(line.endswith("unmeasured") for line in lines)
+    assert "Recommendation: allgather stripe 128." in text and "measure both" in text
+    for r in seed_gb200["rows"]:
+        assert any(line.split()[:2] == [r["strategy"], str(r["stripe_size"] or "-")] for line in lines)
+    cli = _cli("--preset", "seed", "--compact").stdout
+    assert cli.rstrip("\n") == text

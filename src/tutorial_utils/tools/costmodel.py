@@ -20,26 +20,35 @@ How the model works:
 * ``eta`` (attention efficiency, fraction of dense BF16 peak) is **fitted on one number**:
   TE's published single-GB200 fwd+bwd time (126.7 ms). One parameter, one point: it fits
   exactly and is not validated by that fit.
-* Each CP rank runs its kernels at ``kappa_s * eta`` (form ``"scale"``, the default): the
-  per-strategy CP efficiency factor ``kappa_ring`` is fitted on TE's Ring time (57.2 ms),
-  ``kappa_allgather`` on its AllGather time (53.8 ms). Again one parameter per point, so
-  both published speedups are reproduced exactly **by construction**. The honest check is
-  the *shared* variant: one ``kappa`` for both strategies, fitted by least squares on the
-  two CP points; its residuals (reported by :func:`fit_calibration`) show how much of the
-  Ring-vs-AllGather difference the counts themselves explain.
+* Each CP rank runs its kernels at ``kappa_s * eta``: the per-strategy CP efficiency
+  factor ``kappa_ring`` is fitted on TE's Ring time (57.2 ms), ``kappa_allgather`` on its
+  AllGather time (53.8 ms). Three parameters for three published numbers: all three are
+  reproduced exactly **by construction**, so the fit's error on them says nothing. The one
+  check the three numbers allow is the *shared* variant: one ``kappa`` for both
+  strategies, fitted by least squares on the two CP points. Its residuals
+  (:attr:`Calibration.cross_strategy_error`, about 6.5 %) say how much of the
+  Ring-vs-AllGather difference the counts themselves explain; the advisor treats two
+  strategies closer than that as a tie.
 * Ulysses has no measurement: it uses the shared ``kappa``. Label its predictions as such.
-* Form ``"fixed"`` replaces ``kappa`` by a constant per-strategy overhead in milliseconds
-  (fitted on the same points). Both forms agree on the published points and disagree away
-  from them (e.g. narrow windows); chapter 6 plots both to show what a measurement would
-  have to settle.
+* The CP loss is *proportional* to compute. The model has no fixed per-step cost (kernel
+  launches, collective latency), so where a step is short (narrow windows, short
+  segments, small heads) it is optimistic about CP. A variant with a constant overhead in
+  milliseconds instead fitted the same three points equally well but put the seed
+  shape's break-even windows between about 1,000 and 1,500 tokens, where this model has
+  AllGather winning at every window and Ring from 257. It was dropped: three points
+  cannot choose between the two, only measurements off the published shape can.
 * Communication: bytes from :func:`tutorial_utils.tools.comm.comm_volume` (TE schedule) over the
   NVLink per-direction bandwidth, latency ignored. AllGather and Ulysses collectives are
   fully exposed (TE's AllGather does not overlap); each Ring hop hides under the
   compute of one step and only the excess (plus the final dK/dV hop home) is exposed.
 * Other hardware reuses the GB200-fitted ``eta`` and ``kappa`` as *fractions of peak*
-  (so times scale with 1 / dense peak); the ``"fixed"`` overhead is scaled by the peak
-  ratio too. That is an assumption: FlashAttention-3 reports Hopper reaching 50-75 % of
-  peak, more than the ~39 % fitted here, so H100/H200 predictions are likely pessimistic.
+  (so times scale with 1 / dense peak). That is an assumption: FlashAttention-3 reports
+  Hopper reaching 50-75 % of peak, more than the ~39 % fitted here, so H100/H200
+  predictions are likely pessimistic.
+
+:func:`speedup_sweep` and :func:`break_even_window` move one field of a workload (the
+window, above all) to show where the predicted speedup crosses 1; they inherit every
+assumption above.
 
 Memory (:func:`memory_bytes`) is counted, not fitted: the per-rank peak bytes of the
 attention tensors only (weights, optimizer state and the rest of the model's activations
@@ -67,6 +76,8 @@ import functools
 import math
 from typing import Dict, Optional
 
+import numpy as np
+
 from .comm import comm_volume, dtype_bytes, ring_step_bytes
 from .hardware import HardwareProfile, get_hardware
 from ..inputs import fixed_slot_segments
@@ -83,6 +94,10 @@ __all__ = [
     "predict_all",
     "memory_bytes",
     "DEFAULT_TILE",
+    "DEFAULT_CASES",
+    "published_points",
+    "speedup_sweep",
+    "break_even_window",
 ]
 
 DEFAULT_TILE = (128, 128)
@@ -130,9 +145,8 @@ def _tile_seconds(wl: Workload, hw: HardwareProfile, eta: float, tile) -> float:
 class Calibration:
     """Fitted parameters, what each was fitted on, and the fit's residuals."""
 
-    form: str
     eta: float
-    cp_factor: Dict[str, float]      # "scale": kappa per strategy; "fixed": overhead ms on the reference GPU
+    cp_factor: Dict[str, float]      # kappa per strategy: CP kernel efficiency / single-GPU efficiency
     reference_hardware: str
     tile: tuple
     fitted_on: Dict[str, str]
@@ -140,15 +154,22 @@ class Calibration:
     shared_kappa: float              # diagnostic: one kappa for both CP strategies (least squares, log space)
     shared_residuals: Dict[str, float]
 
+    @property
+    def cross_strategy_error(self) -> float:
+        """The model's stated error: the largest miss of the shared-``kappa`` fit (a fraction).
+
+        Why: the per-strategy fit reproduces TE's three published times by construction,
+        so its residuals are zero and say nothing. With one ``kappa`` for Ring and
+        AllGather, only the counts tell the two apart; how far that misses the published
+        times bounds how finely the model can rank strategies.
+        """
+        return max(abs(v) for v in self.shared_residuals.values())
+
     def as_dict(self) -> dict:
         """Plain-JSON view, so every prediction can carry what it was fitted on."""
-        return dataclasses.asdict(self)
-
-
-def _check_form(form: str) -> str:
-    if form not in ("scale", "fixed"):
-        raise ValueError(f"form={form!r} is unknown; use 'scale' (CP efficiency factor) or 'fixed' (constant overhead).")
-    return form
+        d = dataclasses.asdict(self)
+        d["cross_strategy_error"] = self.cross_strategy_error
+        return d
 
 
 def _bisect(f, lo, hi, iters=200):
@@ -165,13 +186,14 @@ def _bisect(f, lo, hi, iters=200):
 
 
 @functools.lru_cache(maxsize=8)
-def fit_calibration(form: str = "scale", tile=DEFAULT_TILE) -> Calibration:
+def fit_calibration(tile=DEFAULT_TILE) -> Calibration:
     """Fit ``eta`` on TE's single-GB200 time and the CP factors on its Ring and AllGather times.
 
     Why: kernel efficiency cannot be derived from first principles; it has to come from a
     measurement. This keeps one parameter per measured number and says which is which.
+    With as many parameters as points the fit is exact by construction; the shared-``kappa``
+    residuals (:attr:`Calibration.cross_strategy_error`) are the model's stated error.
     """
-    form = _check_form(form)
     tile = tuple(tile)
     wl = get_workload("seed")
     hw = get_hardware(PUBLISHED_GB200["hardware"])
@@ -181,25 +203,23 @@ def fit_calibration(form: str = "scale", tile=DEFAULT_TILE) -> Calibration:
     eta = flops / (PUBLISHED_GB200["single_ms"] * 1e-3 * hw.peak_flops)
     fitted_on = {"eta": f"single-GPU fwd+bwd {PUBLISHED_GB200['single_ms']:.2f} ms (TE tutorial, 1x GB200, seed)"}
 
-    base = Calibration(form, eta, {}, "GB200", tile, {}, {}, 1.0, {})
+    base = Calibration(eta, {}, "GB200", tile, {}, {}, 1.0, {})
     factors = {}
     for strategy in ("ring", "allgather"):
         pub = PUBLISHED_GB200[strategy]
         meas = pub["mean_ms"]
-        if form == "scale":
-            def f(k, strategy=strategy, pub=pub, meas=meas):
-                c = dataclasses.replace(base, cp_factor={strategy: k})
-                return _raw_cp_ms(wl, strategy, pub["stripe_size"], hw, c, cp) - meas
-            factors[strategy] = _bisect(f, 1e-3, 10.0)
-        else:
-            c = dataclasses.replace(base, cp_factor={strategy: 0.0})
-            factors[strategy] = meas - _raw_cp_ms(wl, strategy, pub["stripe_size"], hw, c, cp)
+
+        def f(k, strategy=strategy, pub=pub, meas=meas):
+            c = dataclasses.replace(base, cp_factor={strategy: k})
+            return _raw_cp_ms(wl, strategy, pub["stripe_size"], hw, c, cp) - meas
+
+        factors[strategy] = _bisect(f, 1e-3, 10.0)
         fitted_on[f"cp_factor[{strategy}]"] = (
             f"{strategy} stripe {pub['stripe_size']} fwd+bwd {meas:.2f} ms (TE tutorial, 4x GB200, seed)")
 
-    # shared diagnostic (always in the 'scale' form): one kappa for both CP strategies
+    # the stated error: one kappa for both CP strategies, so only the counts tell them apart
     def sse(k):
-        c = dataclasses.replace(base, form="scale", cp_factor={"ring": k, "allgather": k})
+        c = dataclasses.replace(base, cp_factor={"ring": k, "allgather": k})
         return sum((math.log(_raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, c, cp))
                     - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
 
@@ -212,15 +232,11 @@ def fit_calibration(form: str = "scale", tile=DEFAULT_TILE) -> Calibration:
         else:
             lo = a
     shared = 0.5 * (lo + hi)
-    shared_cal = dataclasses.replace(base, form="scale", cp_factor={"ring": shared, "allgather": shared})
+    shared_cal = dataclasses.replace(base, cp_factor={"ring": shared, "allgather": shared})
     shared_res = {s: _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, shared_cal, cp)
                   / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
-    if form == "scale":
-        factors["ulysses"] = shared
-        fitted_on["cp_factor[ulysses]"] = "not measured: the shared kappa (least squares on both CP times) is reused"
-    else:
-        factors["ulysses"] = 0.5 * (factors["ring"] + factors["allgather"])
-        fitted_on["cp_factor[ulysses]"] = "not measured: mean of the Ring and AllGather overheads is reused"
+    factors["ulysses"] = shared
+    fitted_on["cp_factor[ulysses]"] = "not measured: the shared kappa (least squares on both CP times) is reused"
 
     cal = dataclasses.replace(base, cp_factor=factors, fitted_on=fitted_on, shared_kappa=shared,
                               shared_residuals=shared_res)
@@ -325,22 +341,11 @@ class Prediction:
         return dataclasses.asdict(self)
 
 
-def _scale(cal: Calibration, strategy: str) -> float:
-    return cal.cp_factor.get(strategy, 1.0) if cal.form == "scale" else 1.0
-
-
-def _fixed_ms(cal: Calibration, strategy: str, hw: HardwareProfile) -> float:
-    if cal.form != "fixed":
-        return 0.0
-    ref = get_hardware(cal.reference_hardware)
-    return cal.cp_factor.get(strategy, 0.0) * ref.peak_flops / hw.peak_flops
-
-
 def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfile, cal: Calibration, cp: int) -> dict:
     """Compute, overhead and communication pieces of one CP strategy (times in ms)."""
     tile = cal.tile
     t_tile = _tile_seconds(wl, hw, cal.eta, tile) * 1e3
-    kappa = _scale(cal, strategy)
+    kappa = cal.cp_factor.get(strategy, 1.0)
     single_tiles = int(_wl_counts(wl, 1, "contiguous", 1, tile).allgather_tiles[0])
     bw = hw.link_bytes_per_s
     vol = comm_volume(strategy, batch=wl.batch, seq_len=wl.seq_len, num_q_heads=wl.num_q_heads,
@@ -375,7 +380,7 @@ def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfi
     else:
         raise ValueError(f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses'.")
     compute = slow_tiles * t_tile
-    overhead = compute * (1.0 / kappa - 1.0) + _fixed_ms(cal, strategy, hw)
+    overhead = compute * (1.0 / kappa - 1.0)
     return {
         "ideal_ms": single_tiles * t_tile / cp,
         "fragmentation_ms": (mean_tiles - single_tiles / cp) * t_tile,
@@ -487,3 +492,94 @@ def predict_all(workload, *, hardware="GB200", stripes=(1, 64, 128, 256, 512, 10
         rows.append(predict(wl, "allgather", stripe_size=int(st), hardware=hw, cp_size=cp_size, calibration=cal))
     rows.append(predict(wl, "ulysses", stripe_size=None, hardware=hw, cp_size=cp_size, calibration=cal))
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# sweeps: where does CP start to pay off?
+
+#: TE's two published configurations and the stripe the advisor usually picks.
+DEFAULT_CASES = (("ring", 1), ("allgather", 128), ("allgather", 512))
+
+
+def published_points(value: str = "speedup") -> Dict[tuple, float]:
+    """TE's published 4xGB200 CP results on the seed workload, keyed like :data:`DEFAULT_CASES`.
+
+    Why: figures mark the published points next to the model's bars and curves; the keys
+    say which configuration each point belongs to (the model was fitted on exactly these).
+    ``value``: ``"speedup"`` (over TE's published one-GPU time) or ``"ms"`` (fwd+bwd).
+    """
+    if value not in ("speedup", "ms"):
+        raise ValueError(f"value={value!r} is unknown; use 'speedup' or 'ms'.")
+    pub = PUBLISHED_GB200
+    return {(s, pub[s]["stripe_size"]): pub[s]["mean_ms"] if value == "ms" else pub["single_ms"] / pub[s]["mean_ms"]
+            for s in ("ring", "allgather")}
+
+
+def _with_field(wl: Workload, field: str, value) -> Workload:
+    if field == "window" and isinstance(value, int):
+        value = (value, 0)
+    try:
+        return wl.replace(**{field: value})
+    except TypeError:
+        raise ValueError(f"field={field!r} is not a Workload field; use one of "
+                         f"{[f.name for f in dataclasses.fields(Workload)]}.") from None
+
+
+def _speedup(wl: Workload, strategy: str, stripe, hardware, calibration) -> float:
+    p = predict(wl, strategy, stripe_size=stripe, hardware=hardware, calibration=calibration)
+    return p.speedup if p.applicable else float("nan")
+
+
+def speedup_sweep(workload, field: str, values, *, cases=DEFAULT_CASES, hardware="GB200",
+                  calibration: Optional[Calibration] = None) -> dict:
+    """Predicted speedup over one GPU while one field of the workload takes each of ``values``.
+
+    Why: "does CP pay off" turns on one knob at a time (the window, the segment length,
+    the K/V head count); a sweep around a shape shows where the answer flips. ``field`` is
+    a :class:`~tutorial_utils.tools.workload.Workload` field; for ``"window"`` an integer
+    ``w`` means the causal window ``(w, 0)``. Returns ``field``, ``values``, ``base`` (the
+    workload's own value, where published points belong), ``hardware``, ``cp_size`` and ``speedup``:
+    ``(strategy, stripe) -> array`` with NaN where the strategy cannot run that shape.
+    """
+    wl, hw, cal = _resolve(workload, hardware, calibration)
+    values = list(values)
+    if not values:
+        raise ValueError("values is empty; pass the field values to sweep, e.g. [256, 1024, 4096].")
+    shapes = [_with_field(wl, field, v) for v in values]
+    base = getattr(wl, field)
+    return {
+        "field": field, "values": values, "base": base[0] if field == "window" else base, "hardware": hw.name,
+        "cp_size": wl.cp_size,
+        "speedup": {(s, st): np.array([_speedup(w, s, st, hw, cal) for w in shapes]) for s, st in cases},
+    }
+
+
+def break_even_window(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware="GB200",
+                      calibration: Optional[Calibration] = None) -> Optional[int]:
+    """The narrowest causal window from which on the model predicts CP faster than one GPU.
+
+    Why: the window sets the work per token while the bytes per rank stay fixed, so it is
+    the knob that decides whether CP pays off for a packed workload. The speedup is
+    evaluated at every power of two between the narrowest window the strategy accepts and
+    the longest segment (wider windows change nothing); above the last power of two where
+    CP loses, the crossing is found to one token by bisection. Returns that window, the
+    narrowest accepted window when CP wins everywhere, or ``None`` when it never does.
+    """
+    wl, hw, cal = _resolve(workload, hardware, calibration)
+    lo = wl.cp_size - 1 if strategy == "ring" else 0
+    hi = max(lo, wl.valid_per_slot - 1)
+    grid = sorted({lo, hi} | {2 ** k for k in range(hi.bit_length()) if lo < 2 ** k < hi})
+
+    def wins(w: int) -> bool:
+        return _speedup(wl.replace(window=(w, 0)), strategy, stripe_size, hw, cal) > 1.0
+
+    losing = [i for i, w in enumerate(grid) if not wins(w)]
+    if not losing:
+        return lo
+    if losing[-1] == len(grid) - 1:
+        return None
+    a, b = grid[losing[-1]], grid[losing[-1] + 1]   # CP loses at a, wins at b
+    while b - a > 1:
+        mid = (a + b) // 2
+        a, b = (a, mid) if wins(mid) else (mid, b)
+    return b
