@@ -1,0 +1,34 @@
+"""tutorial_utils.tools.source_view.show_source: a page shows the code that runs."""
+
+import inspect
+
+import pytest
+
+from tutorial_utils.context_parallel import merge_partial, ring_attention_shard
+from tutorial_utils.tools.source_view import SourceCode, show_source
+
+
+def test_shows_the_package_source_with_its_file_and_lines():
+    shown = show_source(merge_partial)
+    text = shown._repr_markdown_()
+    assert text.startswith("`tutorial_utils.context_parallel.merge_partial` (src/tutorial_utils/context_parallel.py, lines ")
+    assert "```python\n" + inspect.getsource(merge_partial).rstrip() + "\n```" in text
+    _, first = inspect.getsourcelines(ring_attention_shard)
+    assert f"lines {first}-" in show_source(ring_attention_shard).markdown()
+    assert repr(shown).startswith("# tutorial_utils.context_parallel.merge_partial")
+
+
+def test_nested_functions_are_dedented_and_fences_escape_backticks():
+    def inner():
+        return "```"
+
+    code = show_source(inner).code
+    assert code.startswith("def inner():")
+    assert "\n````python\n" in SourceCode("x", "here", code).markdown()
+
+
+def test_refuses_objects_without_python_source():
+    with pytest.raises(TypeError, match="needs a Python function or class"):
+        show_source(len)
+    with pytest.raises(TypeError, match="needs a Python function or class"):
+        show_source(3)
