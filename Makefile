@@ -10,7 +10,7 @@ help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
 	@echo "make test      - create .venv if needed and run the whole test suite (includes the site build)"
 	@echo "make test-fast - unit tests only (no site build, no browser)"
-	@echo "make test-py312- the unit tests again under Python 3.12 with JAX 0.11 (.venv312)"
+	@echo "make test-py312- the JAX-facing unit tests again under Python 3.12 with JAX 0.11 (.venv312)"
 	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
@@ -27,22 +27,30 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Two workers; a test file is the unit of distribution, so the site build and its browser
+# checks (tests/test_site.py) stay in one worker and the site is built once.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	bash tests/setup_browser.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
-# The second tested stack: Python 3.12 with JAX 0.11 (the full suite runs on 3.11 + JAX 0.10).
+# The second tested stack: Python 3.12 with JAX 0.11. The full suite runs on 3.11 + JAX 0.10;
+# this leg runs the tests that exercise JAX itself (TE's JAX code on CPU, the reference
+# kernels, CP strategies, the facade, the model), which is where a new JAX can break things.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 VENV312 := .venv312
+PY312_TESTS := tests/test_te_on_cpu.py tests/test_reference.py tests/test_context_parallel.py \
+	tests/test_facade.py tests/test_model.py tests/test_nan_semantics.py tests/test_te_signatures.py
 test-py312:
 	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
 	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test,docs]'
-	CP_VALIDATOR_EXAMPLES=10 $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider
+	CP_VALIDATOR_EXAMPLES=5 $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
+	  -n $(PYTEST_WORKERS) --dist loadfile $(PY312_TESTS)
 
 docs: $(STAMP)
 	$(PY) -m sphinx -b html -W --keep-going -j 1 . _build/html
