@@ -62,7 +62,7 @@ def test_error_table_rejects_bad_input():
         cp_runs.error_table({"a": single}, single[:3])
     with pytest.raises(ValueError, match=r"runs\['a'\] must be \(output, dQ, dK, dV\)"):
         cp_runs.error_table({"a": single[:2]}, single)
-    with pytest.raises(ValueError, match=r"runs\['a'\] dQ has shape"):
+    with pytest.raises(ValueError, match=r"runs\['a'\]: pairs\['dQ'\]: got has shape"):
         cp_runs.error_table({"a": [single[0], single[1][:, :4]] + single[2:]}, single)
     with pytest.raises(ValueError, match="runs is empty"):
         cp_runs.error_table({}, single)

@@ -26,6 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from .check import tolerance
+from .oracle_check import tolerance_table
+
 __all__ = [
     "thd_attention",
     "te_tolerance",
@@ -71,9 +74,7 @@ def thd_attention(workload, *, is_training: bool = True):
     return attention
 
 
-def te_tolerance(dtype) -> float:
-    """TE's test tolerance for ``dtype``: ``rtol = atol = eps ** (2/3)`` (bf16: about 0.039)."""
-    return float(jnp.finfo(dtype).eps) ** (2.0 / 3.0)
+te_tolerance = tolerance  # TE's test tolerance for a dtype (tools.check.tolerance)
 
 
 def max_abs_diff(a, b) -> float:
@@ -136,12 +137,11 @@ def error_table(runs: Mapping[str, Sequence], single: Sequence, *, tolerance: Op
     for run, arrays in runs.items():
         if len(arrays) != len(TENSORS):
             raise ValueError(f"runs[{run!r}] must be (output, dQ, dK, dV); got {len(arrays)} array(s).")
-        for tensor, got, ref in zip(TENSORS, arrays, single):
-            if got.shape != ref.shape:
-                raise ValueError(f"runs[{run!r}] {tensor} has shape {got.shape}, the single-device one {ref.shape}.")
-            got, ref = jnp.asarray(got, jnp.float32), jnp.asarray(ref, jnp.float32)
-            err = jnp.abs(got - ref)
-            rows.append((run, tensor, float(jnp.max(err)), float(jnp.max(err / (tol + tol * jnp.abs(ref))))))
+        try:
+            table = tolerance_table(dict(zip(TENSORS, zip(arrays, single))), tol)
+        except ValueError as err:
+            raise ValueError(f"runs[{run!r}]: {err}") from None
+        rows += [(run, *row) for row in table.rows]
     if not rows:
         raise ValueError("runs is empty: pass {name: (output, dQ, dK, dV)} for at least one run.")
     return ErrorTable(tuple(rows), tol, label)
