@@ -93,7 +93,7 @@ def _run_sphinx(log_name: str) -> float:
             # the unit tests pin in conftest.py; and with conf.py's four simulated devices, not the
             # tests' eight
             env={**{k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")},
-                 "CP_TUTORIAL_BUILD_DIR": str(BUILD)},
+                 "CP_TUTORIAL_BUILD_DIR": str(BUILD), "CP_TUTORIAL_RECORDS_DIR": str(BUILD / "records")},
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
