@@ -49,11 +49,14 @@ def _run(devices: int, chapter: str, tmp_path) -> str:
     return "\n".join(json.loads(proc.stdout.strip().splitlines()[-1])["outputs"])
 
 
-# One device (no CP) for chapter 4; two (the smallest CP mesh, no room for dp) and eight (the
-# largest: 2 x 4 for dp x cp, Ulysses skipped) for chapter 5. The site build covers four.
+# In CI: one device (no CP) for chapter 4, eight (2 x 4 for dp x cp, Ulysses skipped) for
+# chapter 5; the site build covers four. CP_DEVICE_COUNTS=all runs both chapters at 1, 2 and 8.
+_ALL = [(c, n) for c in ("04_striped_load_balancing", "05_ring_vs_allgather") for n in (1, 2, 8)]
+_CI = [("04_striped_load_balancing", 1), ("05_ring_vs_allgather", 8)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter, devices", [("04_striped_load_balancing", 1), ("05_ring_vs_allgather", 2),
-                                              ("05_ring_vs_allgather", 8)])
+@pytest.mark.parametrize("chapter, devices", _ALL if os.environ.get("CP_DEVICE_COUNTS") == "all" else _CI)
 def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
     text = _run(devices, chapter, tmp_path)
     assert f"devices: {devices} x cpu" in text and f"| cp: {devices} |" in text
