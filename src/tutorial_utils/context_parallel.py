@@ -114,19 +114,9 @@ def _unpermute(x, perm_inverse: Optional[np.ndarray]):
     return x if perm_inverse is None else jnp.take(x, jnp.asarray(perm_inverse), axis=1)
 
 
-def allgather_attention_shard(
-    q,
-    k,
-    v,
-    ids,
-    pos,
-    ids_kv,
-    pos_kv,
-    *,
-    axis_name: str,
-    kernel: Callable,
-    inverse_perm: Optional[np.ndarray] = None,
-):
+def allgather_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
+                              kernel: Callable,
+                              inverse_perm: Optional[np.ndarray] = None):
     """Per-shard AllGather body (inside ``shard_map``): local Q against gathered K/V."""
     gather = functools.partial(lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
     k_all, v_all, ids_all, pos_all = (
@@ -136,10 +126,9 @@ def allgather_attention_shard(
     return out
 
 
-def ring_attention_shard(
-    q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str, cp_size: int, kernel: Callable
-):
-    """Per-shard Ring body: ``cp_size`` steps of attend, fp32 LSE merge, ``ppermute``."""
+def ring_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
+                         cp_size: int, kernel: Callable):
+    """Per-shard Ring body: ``cp_size`` steps of attend, LSE merge, ``ppermute``."""
     perm = [(i, (i + 1) % cp_size) for i in range(cp_size)]
     block = (k, v, ids_kv, pos_kv)
     out = lse = None
@@ -155,20 +144,9 @@ def ring_attention_shard(
     return out.astype(q.dtype)
 
 
-def ulysses_attention_shard(
-    q,
-    k,
-    v,
-    ids,
-    pos,
-    ids_kv,
-    pos_kv,
-    *,
-    axis_name: str,
-    kernel: Callable,
-    inverse_perm: Optional[np.ndarray] = None,
-    forward_perm: Optional[np.ndarray] = None,
-):
+def ulysses_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
+                            kernel: Callable, inverse_perm: Optional[np.ndarray] = None,
+                            forward_perm: Optional[np.ndarray] = None):
     """Per-shard Ulysses body: all-to-all sequence->heads, full-sequence attention,
     heads->sequence."""
     to_heads = functools.partial(
