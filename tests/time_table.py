@@ -1,0 +1,117 @@
+"""A pytest plugin that writes where the suite's time goes, so CI time can be cut where it is spent.
+
+Why: `make test` must stay within CI's budget, and guessing which test is slow (or whether a
+test is slow because XLA compiles, or because it computes) wastes the effort. This plugin
+records, for every test, its wall time (setup + call + teardown) and the part of it that JAX
+spent tracing, lowering and compiling in the test's own process (from `jax.monitoring`'s
+compile-duration events). Time spent in a subprocess (a notebook, a script, a launcher rank)
+counts as wall time only.
+
+On the controlling process it writes `_build_test/test-times.json` (per test and per file,
+plus the session's wall time) and prints the ten slowest tests with their compile share.
+Works with and without pytest-xdist: workers attach their compile time to each report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+# jax.monitoring's events for one jit compile: trace, lower to MLIR, backend compile
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_compiled = {"seconds": 0.0, "listening": False, "reported": 0.0}
+
+
+def _listen_for_compiles() -> None:
+    """Register the compile listener once, on first use, after conftest has set up JAX's env."""
+    if _compiled["listening"]:
+        return
+    import jax.monitoring  # noqa: PLC0415 - imported lazily so conftest's XLA_FLAGS apply first
+
+    def on_duration(event: str, duration: float, **_kwargs) -> None:
+        if event in _COMPILE_EVENTS:
+            _compiled["seconds"] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    _compiled["listening"] = True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _listen_for_compiles()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    # phases run one after another in a process, so the compile time since the last report
+    # is this phase's
+    spent = _compiled["seconds"] - _compiled["reported"]
+    _compiled["reported"] = _compiled["seconds"]
+    report.user_properties.append(("compile_s", spent))
+
+
+class _TimeTable:
+    def __init__(self, config):
+        self.config = config
+        self.started = time.monotonic()
+        self.tests: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, "compile_s": 0.0, "outcome": "passed"})
+
+    def pytest_runtest_logreport(self, report):
+        row = self.tests[report.nodeid]
+        row["wall_s"] += report.duration
+        row["compile_s"] += sum(v for k, v in report.user_properties if k == "compile_s")
+        # a failure in any phase wins; otherwise a skip (in setup or call) does
+        if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
+            row["outcome"] = report.outcome
+
+    def table(self) -> dict:
+        files: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, "compile_s": 0.0, "tests": 0})
+        for nodeid, row in self.tests.items():
+            f = files[nodeid.split("::", 1)[0]]
+            f["wall_s"] += row["wall_s"]
+            f["compile_s"] += row["compile_s"]
+            f["tests"] += 1
+        rnd = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+        return {
+            "schema": "test-times/1",
+            "session_wall_s": round(time.monotonic() - self.started, 1),
+            "workers": os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(self.config.option, "numprocesses", None) or 1,
+            "note": "wall_s = setup + call + teardown; compile_s = JAX trace + lower + compile in the test's own process",
+            "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
+            "tests": {k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])},
+        }
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.tests:
+            return
+        table = self.table()
+        out = Path(self.config.rootpath) / "_build_test" / "test-times.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(table, indent=1) + "\n")
+        tr = terminalreporter
+        tr.section("ten slowest tests (wall s, of which JAX compile s)")
+        for nodeid, row in list(table["tests"].items())[:10]:
+            tr.write_line(f"{row['wall_s']:8.1f} {row['compile_s']:8.1f}  {nodeid}")
+        total = sum(r["wall_s"] for r in table["tests"].values())
+        compile_total = sum(r["compile_s"] for r in table["tests"].values())
+        tr.write_line(
+            f"total test time {total:.1f} s (JAX compile {compile_total:.1f} s) over {len(table['tests'])} tests; "
+            f"session wall {table['session_wall_s']:.1f} s; table: {out.relative_to(self.config.rootpath)}"
+        )
+
+
+def pytest_configure(config):
+    # only the controlling process (no xdist, or xdist's master) writes the table
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_TimeTable(config), "time_table_report")
