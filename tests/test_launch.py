@@ -1,11 +1,14 @@
 """Multi-process launch on 127.0.0.1 with gloo CPU collectives: results, a dead rank, a missing rank.
 
 The multi-process tests start real processes (one CPU device each); they are marked slow.
-Each subprocess gets a clean environment: the test suite's XLA_FLAGS (4 simulated devices)
+Each subprocess gets a clean environment: the test suite's XLA_FLAGS (8 simulated devices)
 must not leak into the workers, and the launcher replaces it with one device per process.
+The workers run the default backend (TE's own JAX code with the CPU stand-in kernel), not
+the suite's ``TUTORIAL_TE_BACKEND=reference``. The 2-process demo runs here; the 4-process
+demo is the command docs/multinode.md and README.md show, run as typed from a fresh clone
+by tests/test_shown_commands.py (with the same checks, ``launch_demo_checks``).
 """
 
-import json
 import os
 import re
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_demo_checks import assert_demo_passed
 from tutorial_utils.tools import launch as L
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +29,7 @@ def _env():
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
-    env["TUTORIAL_TE_BACKEND"] = "reference"
+    env.pop("TUTORIAL_TE_BACKEND", None)  # the default backend: TE's code on CPU
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -90,6 +94,8 @@ def test_initialize_rejects_partial_settings(monkeypatch):
     (["-n", "4", "--demo", "--fail-rank", "4"], "--fail-rank"),
     (["-n", "0", "--demo"], "-n/--nprocs"),
     (["-n", "2", "--demo", "--strategies", "zigzag"], "--strategies"),
+    (["-n", "2", "--demo", "--dtype", "float32"], "--dtype: float32 with backend 'auto'"),
+    (["-n", "2", "--demo", "--dtype", "float32", "--backend", "te-cpu"], "add --backend reference"),
 ])
 def test_cli_errors_name_the_parameter(args, needle):
     proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.launch", *args], env=_env(), capture_output=True, text=True,
@@ -98,54 +104,40 @@ def test_cli_errors_name_the_parameter(args, needle):
     assert needle in proc.stderr
 
 
+def test_the_backend_option_reaches_every_rank(monkeypatch):
+    """``--backend reference`` (with fp32) stays available: the ranks get TUTORIAL_TE_BACKEND=reference."""
+    seen = {}
+
+    def fake_launch(nprocs, target, **kw):
+        seen.update(nprocs=nprocs, target=list(target), base_env=kw["base_env"])
+        return L.LaunchResult(0, {}, None, "OK", 0.0, {})
+
+    monkeypatch.setattr(L, "launch", fake_launch)
+    assert L.main(["-n", "2", "--demo", "--backend", "reference", "--dtype", "float32", "--strategies", "ring"]) == 0
+    assert seen["base_env"]["TUTORIAL_TE_BACKEND"] == "reference"
+    assert seen["target"][:2] == ["tutorial_utils.tools.launch", "--worker-demo"]
+    assert "--dtype" in seen["target"] and seen["target"][seen["target"].index("--dtype") + 1] == "float32"
+    assert L.main(["-n", "2", "--demo"]) == 0  # default: inherited backend, bf16, TE's AllGather and Ring
+    assert seen["base_env"] is None
+    assert seen["target"][seen["target"].index("--strategies") + 1] == "te-allgather,te-ring"
+    assert seen["target"][seen["target"].index("--dtype") + 1] == "bfloat16"
+
+
 # ----------------------------------------------------------------------------- multi-process (slow)
 
 
 @pytest.mark.slow
-def test_four_processes_match_the_single_process_run(tmp_path):
-    strategies = ["ring", "allgather", "ulysses", "te-allgather"]
-    proc, wall = _launch("-n", "4", "--timeout", "160", "--demo", "--strategies", ",".join(strategies), "--out",
-                         str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "OK: all 4 ranks exited 0" in proc.stderr
-    rows = [json.loads(line.split("DEMO-RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "DEMO-RESULT " in line]
-    assert len(rows) == 4 * len(strategies)
-    for strategy in strategies:
-        mine = [r for r in rows if r["strategy"] == strategy]
-        assert sorted(r["rank"] for r in mine) == [0, 1, 2, 3]
-        assert all(r["cp"] == 4 for r in mine)
-        # every rank's shards of out, dq, dk, dv match the single-process computation (fp32)
-        assert max(r["max_abs_err_all_ranks"] for r in mine) < 1e-5
-        # the global checksum is one replicated value, equal on every rank, and matches the reference
-        assert len({r["checksum"] for r in mine}) == 1
-        assert mine[0]["checksum"] == pytest.approx(mine[0]["reference_checksum"], abs=1e-3)
-        assert mine[0]["loss"] == pytest.approx(mine[0]["reference_loss"], rel=1e-5)
-    for rank in range(4):
-        saved = json.loads((tmp_path / f"demo-rank{rank}.json").read_text())
-        assert saved["info"]["distributed"] is True and saved["info"]["num_processes"] == 4
-    assert wall < 170
-
-
-@pytest.mark.slow
-def test_a_custom_script_gets_the_coordinator_settings(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(
-        "from tutorial_utils.tools.launch import initialize\n"
-        "info = initialize()\n"
-        "import numpy as np\n"
-        "from jax.experimental import multihost_utils\n"
-        "got = multihost_utils.process_allgather(np.array([info['process_id']]))\n"
-        "print('GATHERED', sorted(int(x) for x in np.ravel(got)), len(info['global_devices']))\n")
-    proc, _ = _launch("-n", "3", "--timeout", "90", "--", str(script))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    for rank in range(3):
-        assert "GATHERED [0, 1, 2] 3" in _rank_lines(proc.stdout, rank)
+def test_two_processes_run_te_s_allgather_and_ring_like_one_process(tmp_path):
+    """The default demo on the default backend: TE's code in every process, bf16, both strategies in one launch."""
+    proc, wall = _launch("-n", "2", "--timeout", "280", "--demo", "--out", str(tmp_path), timeout=300)
+    assert_demo_passed(proc.returncode, proc.stdout, proc.stderr, tmp_path, nprocs=2)
+    print(f"2-process demo: {wall:.1f} s")
 
 
 @pytest.mark.slow
 def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
     # --on-failure wait: the launcher does not stop the others; JAX's coordination service must.
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "ring", "--fail-rank", "2",
+    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "2",
                          "--on-failure", "wait", "--heartbeat-timeout", "10", "--init-timeout", "40")
     assert proc.returncode != 0
     assert wall < BOUND_S
@@ -162,7 +154,7 @@ def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
 
 @pytest.mark.slow
 def test_the_launcher_stops_the_others_at_the_first_failure():
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "ring", "--fail-rank", "1")
+    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "1")
     assert proc.returncode == 1
     assert wall < 60
     assert "rank 1 failed first (exit code 1)" in proc.stderr
@@ -171,7 +163,7 @@ def test_the_launcher_stops_the_others_at_the_first_failure():
 
 @pytest.mark.slow
 def test_a_rank_that_never_starts_makes_initialization_time_out():
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "ring", "--skip-rank", "3",
+    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--skip-rank", "3",
                          "--init-timeout", "15", "--on-failure", "wait")
     assert proc.returncode == L.EXIT_INIT_TIMEOUT
     assert wall < 60

@@ -454,8 +454,47 @@ def launch(nprocs: int, target: Sequence[str], *, port: Optional[int] = None, ti
 # ============================================================================ the demo worker
 
 
+DEMO_STRATEGIES = ("te-allgather", "te-ring", "allgather", "ring", "ulysses")
+DEFAULT_DEMO_STRATEGIES = ["te-allgather", "te-ring"]
+
+
+def demo_workload(preset: str, n: int, dtype: Optional[str] = None):
+    """The demo's workload at ``cp = n``: the tiny preset resized for ``n`` (or the ``cpu`` preset), in ``dtype``."""
+    from .check import cp_workload_for
+    from .workload import get_workload
+
+    wl = cp_workload_for(n) if preset == "tiny" else get_workload(preset).replace(cp_size=n)
+    return wl.replace(dtype=dtype) if dtype else wl
+
+
+def _te_demo_loss(ta, wl, cp_strategy=None, stripe: int = 1):
+    """``vdot(out, dout)`` of TE's ``fused_attn`` on THD inputs, with CP over mesh axis ``cp`` when a strategy is given."""
+    import jax.numpy as jnp
+
+    cp_kw = {} if cp_strategy is None else dict(context_parallel_strategy=cp_strategy, context_parallel_causal_load_balanced=True,
+                                                context_parallel_axis="cp", stripe_size=stripe)
+
+    def loss(qkv_arg, desc_arg, dout_arg):
+        out = ta.fused_attn(qkv_arg, None, desc_arg, None, attn_bias_type=ta.AttnBiasType.NO_BIAS,
+                            attn_mask_type=ta.AttnMaskType.PADDING_CAUSAL_MASK, qkv_layout=ta.QKVLayout.THD_THD_THD,
+                            softmax_type=ta.AttnSoftmaxType.VANILLA_SOFTMAX, scaling_factor=wl.scaling_factor,
+                            dropout_probability=0.0, is_training=True, max_segments_per_seq=wl.max_segments_per_seq,
+                            window_size=wl.window, **cp_kw)
+        return jnp.vdot(out.astype(jnp.float32), dout_arg.astype(jnp.float32)), out
+
+    return loss
+
+
 def _demo_worker(args) -> int:
-    """Run CP strategies on a global mesh over all processes; compare each local shard with a local single-device run."""
+    """Run CP strategies on a global mesh over all processes; compare each local shard with one-process runs.
+
+    Two one-process baselines, both computed by every rank on its own device: the fp32
+    reference (dense, full matmul precision) for every strategy, and, for ``te-*``, TE's
+    ``fused_attn`` without CP on the same bf16 inputs (what TE's own CP tests compare with).
+    Tolerance: TE's ``rtol = atol = eps**(2/3)`` of the demo's dtype.
+    """
+    if args.backend:  # before tutorial_utils.te is imported: it reads the variable once
+        os.environ["TUTORIAL_TE_BACKEND"] = args.backend
     rank_env = _env_int(ENV_PROCESS_ID)
     if args.fail_rank is not None and args.fail_at == "before" and rank_env == args.fail_rank:
         print(f"rank {rank_env}: injected failure before jax.distributed.initialize (--fail-rank {args.fail_rank})", flush=True)
@@ -469,7 +508,7 @@ def _demo_worker(args) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from .. import te
-    from .check import cp_workload_for, _reference_fwd_bwd
+    from .check import _reference_fwd_bwd, tolerance
     from ..context_parallel import context_parallel_attention
     from .workload import make_qkv, workload_segments
     from ..reorder import ReorderStrategy, reorder_causal_load_balancing
@@ -477,27 +516,30 @@ def _demo_worker(args) -> int:
 
     rank, nproc = info["process_id"], info["num_processes"]
     print(f"joined: process {rank} of {nproc}, local devices {info['local_devices']}, "
-          f"{len(info['global_devices'])} devices in total ({info['platform']})", flush=True)
+          f"{len(info['global_devices'])} devices in total ({info['platform']}); backend: {te.backend_name()}", flush=True)
     if args.fail_rank is not None and args.fail_at == "after" and rank == args.fail_rank:
         raise RuntimeError(f"injected failure on rank {rank} after jax.distributed.initialize (--fail-rank {args.fail_rank})")
 
     n = jax.device_count()
-    wl = cp_workload_for(n)
-    if args.preset != "tiny":
-        from .workload import get_workload
-
-        wl = get_workload(args.preset).replace(cp_size=n)
+    wl = demo_workload(args.preset, n, args.dtype)
+    uses_te = any(s.startswith("te-") for s in args.strategies)
+    if uses_te and te.using_te_code() and wl.dtype == "float32":
+        raise ValueError(f"--dtype float32 with {te.backend_kind()!r}: TE's fused attention (cuDNN, and its CPU stand-in) "
+                         "takes bfloat16 or float16; use --dtype bfloat16, or --backend reference for fp32.")
     q, k, v, dout = make_qkv(wl, seed=31)
     ids, pos = workload_segments(wl)
     ref_out, ref_grads = _reference_fwd_bwd(q, k, v, dout, jnp.asarray(ids), jnp.asarray(ids), jnp.asarray(pos),
                                             jnp.asarray(pos), scale=wl.scaling_factor, window=wl.window, dense=True)
-    ref_out = np.asarray(ref_out)
-    ref_grads = [np.asarray(g) for g in ref_grads]
+    baselines = {"reference": [np.asarray(x) for x in (ref_out, *ref_grads)]}
+    if uses_te:  # TE without CP, on this process's own device: the one-process run TE's CP must reproduce
+        desc1 = ta.SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
+        (_, out1), grads1 = jax.jit(jax.value_and_grad(_te_demo_loss(ta, wl), has_aux=True))((q, k, v), desc1, dout)
+        baselines["one_process_te"] = [np.asarray(x, np.float64) for x in (out1, *grads1)]
     mesh = Mesh(np.asarray(jax.devices()), ("cp",))
     x_sh = NamedSharding(mesh, P(None, "cp", None, None))
     t_sh = NamedSharding(mesh, P(None, "cp"))
-    tol = 1e-5 if wl.dtype == "float32" else 0.0394
-    results, worst = [], 0.0  # worst: largest error / tolerance ratio
+    tol = tolerance(wl.jnp_dtype)
+    results, worst = [], 0.0  # worst: largest error / tolerance ratio over strategies and baselines
 
     for strategy in args.strategies:
         facade = strategy.startswith("te-")
@@ -509,25 +551,21 @@ def _demo_worker(args) -> int:
             host = perm_np(x)
             return jax.make_array_from_callback(host.shape, sharding, lambda idx, host=host: host[idx])
 
+        def global_array_replicated(host):
+            return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P()), lambda idx, host=host: host[idx])
+
         qkv = tuple(global_array(x, x_sh) for x in (q, k, v))
         dout_g = global_array(dout, x_sh)
         ids_g, pos_g = global_array(ids, t_sh), global_array(pos, t_sh)
         if facade:
             desc = ta.SequenceDescriptor.from_segment_ids_and_pos(ids_g, pos_g)
+            # TE's descriptor also holds small process-local leaves (e.g. empty seqlens): replicate them on the mesh
+            desc = jax.tree.map(lambda x: x if isinstance(x, jax.Array) and not x.is_fully_addressable
+                                else global_array_replicated(np.asarray(x)), desc)
             cp_strategy = ta.CPStrategy.RING if base == "ring" else ta.CPStrategy.ALL_GATHER
-
-            def loss(qkv_arg, desc_arg, dout_arg):
-                out = ta.fused_attn(qkv_arg, None, desc_arg, None, attn_bias_type=ta.AttnBiasType.NO_BIAS,
-                                    attn_mask_type=ta.AttnMaskType.PADDING_CAUSAL_MASK, qkv_layout=ta.QKVLayout.THD_THD_THD,
-                                    softmax_type=ta.AttnSoftmaxType.VANILLA_SOFTMAX, scaling_factor=wl.scaling_factor,
-                                    dropout_probability=0.0, is_training=True, max_segments_per_seq=wl.max_segments_per_seq,
-                                    window_size=wl.window, context_parallel_strategy=cp_strategy,
-                                    context_parallel_causal_load_balanced=True, context_parallel_axis="cp", stripe_size=stripe)
-                return jnp.vdot(out.astype(jnp.float32), dout_arg.astype(jnp.float32)), out
-
             desc_sh = jax.tree.map(lambda x: x.sharding, desc)
-            fn = jax.jit(jax.value_and_grad(loss, has_aux=True), in_shardings=((x_sh,) * 3, desc_sh, x_sh),
-                         out_shardings=((None, x_sh), (x_sh,) * 3))
+            fn = jax.jit(jax.value_and_grad(_te_demo_loss(ta, wl, cp_strategy, stripe), has_aux=True),
+                         in_shardings=((x_sh,) * 3, desc_sh, x_sh), out_shardings=((None, x_sh), (x_sh,) * 3))
             with jax.set_mesh(mesh), te.autocast(mesh_resource=te.MeshResource(cp_resource="cp")):
                 (loss_v, out), grads = fn(qkv, desc, dout_g)
         else:
@@ -541,35 +579,49 @@ def _demo_worker(args) -> int:
                          out_shardings=((None, x_sh), (x_sh,) * 3))
             (loss_v, out), grads = fn(qkv, ids_g, pos_g, dout_g)
         checksum = float(jax.jit(lambda x: jnp.sum(x.astype(jnp.float32)), out_shardings=NamedSharding(mesh, P()))(out))
-        expected = {"out": perm_np(ref_out), "dq": perm_np(ref_grads[0]), "dk": perm_np(ref_grads[1]), "dv": perm_np(ref_grads[2])}
-        errs, ratio = {}, 0.0
-        for name, arr in (("out", out), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
-            err = 0.0
-            for shard in arr.addressable_shards:
-                want = expected[name][shard.index]
-                diff = np.abs(np.asarray(shard.data, np.float64) - want)
-                err = max(err, float(diff.max()))
-                ratio = max(ratio, float(np.max(diff / (tol * (1.0 + np.abs(want))))))  # allclose(rtol=atol=tol)
-            errs[name] = err
-        gathered = multihost_utils.process_allgather(np.array([max(errs.values()), ratio]))
-        global_max, global_ratio = (float(x) for x in np.max(np.reshape(gathered, (-1, 2)), axis=0))
+        against = ("reference", "one_process_te") if facade else ("reference",)
+        local = {}  # baseline -> {tensor: max |err| on this rank's shards}, ratio
+        stats = []
+        for which in against:
+            expected = dict(zip(("out", "dq", "dk", "dv"), (perm_np(x) for x in baselines[which])))
+            errs, ratio = {}, 0.0
+            for name, arr in (("out", out), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
+                err = 0.0
+                for shard in arr.addressable_shards:
+                    want = expected[name][shard.index]
+                    diff = np.abs(np.asarray(shard.data, np.float64) - want)
+                    err = max(err, float(diff.max()))
+                    ratio = max(ratio, float(np.max(diff / (tol * (1.0 + np.abs(want))))))  # allclose(rtol=atol=tol)
+                errs[name] = err
+            local[which] = errs
+            stats += [max(errs.values()), ratio]
+        gathered = np.max(np.reshape(multihost_utils.process_allgather(np.array(stats)), (-1, len(stats))), axis=0)
+        all_ranks = {which: {"max_abs_err": float(gathered[2 * i]), "worst_ratio_to_tol": float(gathered[2 * i + 1])}
+                     for i, which in enumerate(against)}
+        global_ratio = max(v["worst_ratio_to_tol"] for v in all_ranks.values())
         worst = max(worst, global_ratio)
-        row = {"rank": rank, "strategy": strategy, "cp": n, "stripe": stripe, "loss": float(loss_v),
-               "reference_loss": float(np.vdot(ref_out.astype(np.float64), np.asarray(dout, np.float64))),
-               "checksum": checksum, "reference_checksum": float(ref_out.astype(np.float64).sum()),
-               "max_abs_err_local": errs, "max_abs_err_all_ranks": global_max, "worst_ratio_to_tol": global_ratio,
-               "ok": global_ratio <= 1.0}
+        row = {"rank": rank, "strategy": strategy, "cp": n, "stripe": stripe, "dtype": wl.dtype, "tolerance": tol,
+               "backend": te.backend_kind(), "loss": float(loss_v),
+               "reference_loss": float(np.vdot(baselines["reference"][0].astype(np.float64), np.asarray(dout, np.float64))),
+               "checksum": checksum, "reference_checksum": float(baselines["reference"][0].astype(np.float64).sum()),
+               "max_abs_err_local": local, "max_abs_err_all_ranks": all_ranks["reference"]["max_abs_err"],
+               "all_ranks": all_ranks, "worst_ratio_to_tol": global_ratio, "ok": global_ratio <= 1.0}
         results.append(row)
         print("DEMO-RESULT " + json.dumps(row), flush=True)
+        if rank == 0:
+            vs = "; ".join(f"vs {w.replace('_', ' ')}: max|err| {a['max_abs_err']:.2e} ({a['worst_ratio_to_tol']:.2f}x tol)"
+                           for w, a in all_ranks.items())
+            print(f"{'PASS' if row['ok'] else 'FAIL'} {strategy} (cp={n}, stripe {stripe}, {wl.dtype}): {vs}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"demo-rank{rank}.json"), "w", encoding="utf-8") as fh:
-            json.dump({"info": info, "results": results, "tolerance": tol}, fh, indent=2, default=str)
+            json.dump({"info": info, "backend": te.backend_name(), "workload": wl.as_dict(), "results": results,
+                       "tolerance": tol}, fh, indent=2, default=str)
     ok = worst <= 1.0
-    max_err = max(r["max_abs_err_all_ranks"] for r in results) if results else 0.0
-    print(f"{'PASS' if ok else 'FAIL'} demo on {nproc} processes x {len(info['local_devices'])} device(s): max |err| over all "
-          f"ranks and strategies {max_err:.2e}, worst {worst:.2f}x of allclose(rtol=atol={tol:g}) ({te.backend_name()})",
-          flush=True)
+    max_err = max(max(a["max_abs_err"] for a in r["all_ranks"].values()) for r in results) if results else 0.0
+    print(f"{'PASS' if ok else 'FAIL'} demo on {nproc} processes x {len(info['local_devices'])} device(s), {wl.dtype}: "
+          f"max |err| over all ranks, strategies and baselines {max_err:.2e}, worst {worst:.2f}x of "
+          f"allclose(rtol=atol={tol:.3g}) ({te.backend_name()})", flush=True)
     return 0 if ok else 1
 
 
@@ -577,7 +629,7 @@ def _demo_worker(args) -> int:
 
 
 def _parse_strategies(text: str) -> List[str]:
-    allowed = ("ring", "allgather", "ulysses", "te-ring", "te-allgather")
+    allowed = DEMO_STRATEGIES
     out = [s.strip().lower() for s in text.split(",") if s.strip()]
     for s in out:
         if s not in allowed:
@@ -613,9 +665,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-demo", action="store_true", help=argparse.SUPPRESS)
     g = p.add_argument_group("demo worker options (with --demo)")
     g.add_argument("--preset", choices=("tiny", "cpu"), default="tiny",
-                   help="tiny (fp32, default) or cpu (bf16); every rank also computes the dense single-device reference")
-    g.add_argument("--strategies", type=_parse_strategies, default=["ring", "allgather", "ulysses", "te-ring", "te-allgather"],
-                   help="comma-separated subset of ring,allgather,ulysses,te-ring,te-allgather (te-*: through the TE facade)")
+                   help="tiny (2 x 256 tokens at cp=4, default) or cpu (2 x 2,048 tokens); every rank also computes the "
+                        "one-process baselines itself")
+    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                   help="bfloat16 (default; what cuDNN takes) or float16; float32 only with --backend reference")
+    g.add_argument("--backend", choices=("auto", "te", "te-cpu", "reference"), default=None,
+                   help="TUTORIAL_TE_BACKEND for every rank (default: inherited, else auto: real TE on a GPU, TE's JAX "
+                        "code with the CPU stand-in kernel elsewhere)")
+    g.add_argument("--strategies", type=_parse_strategies, default=list(DEFAULT_DEMO_STRATEGIES),
+                   help="comma-separated subset of " + ",".join(DEMO_STRATEGIES) + " (default te-allgather,te-ring: TE's "
+                        "fused_attn CP; allgather,ring,ulysses: the tutorial's own shard_map versions)")
     g.add_argument("--fail-rank", type=int, default=None, help="inject a failure on this rank")
     g.add_argument("--fail-at", choices=("before", "after"), default="after",
                    help="inject it before or after jax.distributed.initialize (default after)")
@@ -624,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo_args(args) -> List[str]:
-    out = ["--worker-demo", "--preset", args.preset, "--strategies", ",".join(args.strategies), "--fail-at", args.fail_at]
+    out = ["--worker-demo", "--preset", args.preset, "--dtype", args.dtype, "--strategies", ",".join(args.strategies),
+           "--fail-at", args.fail_at]
     if args.fail_rank is not None:
         out += ["--fail-rank", str(args.fail_rank)]
     if args.out:
@@ -655,11 +715,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"argument --skip-rank: {r} is not a rank of -n {args.nprocs} (0..{args.nprocs - 1})")
     if args.timeout is not None and args.timeout <= 0:
         parser.error(f"argument --timeout: must be > 0 seconds, got {args.timeout}")
+    backend = args.backend or os.environ.get("TUTORIAL_TE_BACKEND", "").strip().lower() or "auto"
+    if args.demo and args.dtype == "float32" and backend != "reference" and any(s.startswith("te-") for s in args.strategies):
+        parser.error(f"argument --dtype: float32 with backend {backend!r}: TE's fused attention (cuDNN, and its CPU stand-in) "
+                     "takes bfloat16 or float16; use --dtype bfloat16, or add --backend reference for an fp32 run")
+    base_env = None if args.backend is None else dict(os.environ, TUTORIAL_TE_BACKEND=args.backend)
     run_target = ["tutorial_utils.tools.launch", *_demo_args(args)] if args.demo else target
     result = launch(args.nprocs, run_target, port=args.port, timeout=args.timeout, platform=args.platform,
                     skip_ranks=args.skip_rank, on_failure=args.on_failure, init_timeout=args.init_timeout,
                     heartbeat_timeout=args.heartbeat_timeout, shutdown_timeout=args.shutdown_timeout,
-                    cpu_devices_per_process=args.cpu_devices_per_process)
+                    cpu_devices_per_process=args.cpu_devices_per_process, base_env=base_env)
     return result.returncode
 
 
