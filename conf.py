@@ -32,6 +32,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
 from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
+from tutorial_utils.tools import run_status  # noqa: E402  (imports no JAX)
 
 if not gpu_present():
     # Four simulated CPU devices: enough for a cp=4 mesh on a laptop.
@@ -178,6 +179,12 @@ def _api_source(app, docname, source):
     source[0] = source[0].replace(API_MARKER, "\n".join(sections))
 
 
+def _run_status_box(app, docname, source):
+    """The generated "how this page ran / what ran where" box on the landing page and every chapter."""
+    source[0] = run_status.insert_box(docname, source[0], run_status.gpu_records(ROOT / "results"),
+                                      run_status.build_from_environment(gpu_present()))
+
+
 def _fingerprints() -> dict:
     """What each generated page depends on beyond its own source file.
 
@@ -188,7 +195,10 @@ def _fingerprints() -> dict:
     records = sorted(
         (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in (ROOT / "results").glob("*.json")
     )
-    return {"docs/api": api_modules(), "docs/benchmarks": records}
+    # The landing page and every chapter name the GPU records (the run-status box).
+    gpu = [Path(r["_path"]).name for r in run_status.gpu_records(ROOT / "results")]
+    pages = {p.relative_to(ROOT).with_suffix("").as_posix(): gpu for p in (ROOT / "notebooks").glob("*.md")}
+    return {"docs/api": api_modules(), "docs/benchmarks": records, "index": gpu, **pages}
 
 
 def _env_get_outdated(app, env, added, changed, removed):
@@ -253,5 +263,6 @@ def setup(app):
     app.connect("html-page-context", _notebook_link)
     app.connect("build-finished", _copy_notebooks)
     app.connect("source-read", _api_source)
+    app.connect("source-read", _run_status_box)
     app.connect("autodoc-process-docstring", _te_docstring)
     app.connect("env-get-outdated", _env_get_outdated)

@@ -1,4 +1,4 @@
-"""Chapters 4 and 5 on 1, 2 and 8 simulated devices (the site is built with 4), with TE's code.
+"""Chapters 4, 5a and 5b on 1, 2 and 8 simulated devices (the site is built with 4), with TE's code.
 
 The CP size follows the devices (``workload_for_devices``), every reorder uses it, and each
 page says what it did: a single device runs without CP and says so, two devices have no room
@@ -49,10 +49,11 @@ def _run(devices: int, chapter: str, tmp_path) -> str:
     return "\n".join(json.loads(proc.stdout.strip().splitlines()[-1])["outputs"])
 
 
-# In CI: one device (no CP) for chapter 4, eight (2 x 4 for dp x cp, Ulysses skipped) for
-# chapter 5; the site build covers four. CP_DEVICE_COUNTS=all runs both chapters at 1, 2 and 8.
-_ALL = [(c, n) for c in ("04_striped_load_balancing", "05_ring_vs_allgather") for n in (1, 2, 8)]
-_CI = [("04_striped_load_balancing", 1), ("05_ring_vs_allgather", 8)]
+# In CI: one device (no CP) for chapter 4, eight for chapters 5a and 5b (2 x 4 for dp x cp,
+# Ulysses skipped); the site build covers four. CP_DEVICE_COUNTS=all runs them at 1, 2 and 8.
+_CHAPTERS = ("04_striped_load_balancing", "05a_cp_algorithms", "05b_te_cp_runs")
+_ALL = [(c, n) for c in _CHAPTERS for n in (1, 2, 8)]
+_CI = [("04_striped_load_balancing", 1), ("05a_cp_algorithms", 8), ("05b_te_cp_runs", 8)]
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
     assert "TransformerEngine 2.20.2 (its JAX code; CPU reference kernel in place of cuDNN)" in text
     if devices == 1:
         assert "Only one device, so CP size 1" in text
-    if chapter.startswith("05"):
+    if chapter.startswith("05b"):
         mesh = {1: "dp=1, cp=1", 2: "dp=1, cp=2", 8: "dp=2, cp=4"}[devices]
         assert f"(strategy ({mesh})" in text or f"strategy ({mesh})" in text
         if devices < 4:

@@ -72,7 +72,8 @@ CHAPTERS = [
     "notebooks/02_cp_mesh",
     "notebooks/03_fused_attention_call",
     "notebooks/04_striped_load_balancing",
-    "notebooks/05_ring_vs_allgather",
+    "notebooks/05a_cp_algorithms",
+    "notebooks/05b_te_cp_runs",
     "notebooks/06_when_does_cp_pay_off",
     "notebooks/07_cp_in_a_model",
 ]

@@ -224,12 +224,18 @@ def timing_results(timings: Mapping[str, dict], stripes: Mapping[str, Optional[i
     return rows
 
 
-def save_timing_record(workload, results: Sequence[dict], *, warmup: int, iters: int, chapter: int = 5,
+def save_timing_record(workload, results: Sequence[dict], *, warmup: int, iters: int, chapter="5b",
                        directory: Optional[Path] = None) -> Path:
     """Write chapter timings as a ``cp-bench/1`` record saying where they came from; return its path.
 
+    ``chapter`` is the chapter's number, e.g. ``5`` or ``"5b"`` (the file is named ``ch05b-...``).
     The path is relative to the repository root when it lies inside it.
     """
+    number = str(chapter)
+    digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+    if not digits.isdigit():
+        raise ValueError(f"chapter={chapter!r} must be a chapter number such as 5 or '5b'.")
+    tag = f"ch{int(digits):02d}{number[len(digits):]}"
     from .. import te
     from .records import source_for, write_record
     from .timing import make_record
@@ -244,7 +250,7 @@ def save_timing_record(workload, results: Sequence[dict], *, warmup: int, iters:
                          notes=notes)
     root = repo_root()
     path = write_record(record, directory=records_dir(root) if directory is None else directory,
-                        name=f"ch{chapter:02d}-{workload.name}-{source}").resolve()
+                        name=f"{tag}-{workload.name}-{source}").resolve()
     return path.relative_to(root) if path.is_relative_to(root) else path
 
 
