@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check gpu-bundle gpu-run clean
+.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
@@ -16,7 +16,8 @@ help:
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
 	@echo "make gpu-setup - on a CUDA 12/13 node: JAX with CUDA, cuDNN >= 9.12 check, TE 2.20.2 built against that JAX"
 	@echo "make gpu-bundle- download and split the files of an offline TE install into gpu-bundle/"
-	@echo "make gpu-run   - one GPU, no index: install gpu-bundle/, check TE, time the seed workload (records in results/)"
+	@echo "make gpu-carry-plan - the calls that carry gpu-bundle/ to a machine taking 64 MiB per call"
+	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, check it, time the seed workload"
 	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
 
 $(STAMP): pyproject.toml
@@ -88,17 +89,25 @@ gpu-setup:
 	  ($(PY) -c "import jax; assert jax.default_backend() == 'gpu'" 2>/dev/null || \
 	   $(PY) -m pip install "jax[cuda$$cuda]>=0.10,<0.12") && \
 	  $(GPU_SETUP) cudnn && \
-	  NVTE_FRAMEWORK=jax $(PY) -m pip install --no-build-isolation "transformer-engine[jax,core-cu$$cuda]==2.20.2"
+	  inc=$$($(GPU_SETUP) cudnn-include) && \
+	  CPLUS_INCLUDE_PATH=$$inc$${CPLUS_INCLUDE_PATH:+:$$CPLUS_INCLUDE_PATH} NVTE_FRAMEWORK=jax \
+	  $(PY) -m pip install --no-build-isolation "transformer-engine[jax,core-cu$$cuda]==2.20.2"
 	$(PY) -m pip install -e '.[test,docs]'
 	touch $(STAMP)
 
-# One GPU, no package index: `make gpu-bundle` on a machine with one, carry gpu-bundle/ over
-# (pieces of at most 60 MiB, with checksums), then `make gpu-run` there (about 11 minutes).
+# One GPU, no package index: `make gpu-bundle` on a machine with one (GPU_CUDA=12|13 and
+# GPU_PYTHON=3.11|3.12 of the node), carry gpu-bundle/ over (`make gpu-carry-plan` prints the
+# calls for a machine that takes 64 MiB per call), then `make gpu-run` there.
 GPU_PY ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_OUT ?= results
+GPU_CUDA ?= 13
+GPU_PYTHON ?= 3.12
 gpu-bundle: $(STAMP)
-	$(PY) -m tutorial_utils.tools.gpu_setup bundle $(GPU_BUNDLE) --cuda 13 --python-version 3.12
+	$(PY) -m tutorial_utils.tools.gpu_setup bundle $(GPU_BUNDLE) --clean --cuda $(GPU_CUDA) --python-version $(GPU_PYTHON)
+
+gpu-carry-plan:
+	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup carry-plan --bundle $(GPU_BUNDLE)
 
 gpu-run:
 	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
