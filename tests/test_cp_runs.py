@@ -1,4 +1,4 @@
-"""tutorial_utils.tools.cp_runs: the plumbing of chapters 4 and 5.
+"""tutorial_utils.tools.cp_runs: the plumbing of chapters 5a and 5b.
 
 The attention wrapper is chapter 3's call, the error table applies TE's tolerance, the Ulysses
 step reproduces one device (output and gradients), and timing records land where the chapter
@@ -148,6 +148,11 @@ def test_save_timing_record_writes_a_valid_record(tmp_path):
     validate_record(record)
     assert record["label"].startswith("Chapter 5 forward+backward, tiny preset")
     assert record["timing"]["warmup_iters"] == 2 and record["config"]["seq_len"] == wl.seq_len
+    lettered = cp_runs.save_timing_record(wl, rows, warmup=2, iters=5, chapter="5b", directory=tmp_path)
+    assert lettered.name.startswith("ch05b-tiny-")
+    assert json.loads(lettered.read_text())["label"].startswith("Chapter 5b forward+backward")
+    with pytest.raises(ValueError, match=r"chapter='b5' must be a chapter number such as 5 or '5b'"):
+        cp_runs.save_timing_record(wl, rows, warmup=2, iters=5, chapter="b5", directory=tmp_path)
 
 
 def test_published_results(tmp_path):

@@ -46,7 +46,7 @@ def test_no_gpu_record_says_not_yet_run(tmp_path):
     assert run_status.gpu_records(tmp_path) == []
     box = run_status.chapter_box(run_status.gpu_records(tmp_path), BUILD)
     assert "GPU: not yet run on a GPU; prepared: `make gpu-run`." in box
-    assert "a path that has not run yet" in box
+    assert "(a path not yet run)" in box
     assert run_status.STATUS_CLASS in box and "4 simulated devices" in box
 
 
@@ -56,7 +56,7 @@ def test_a_gpu_record_is_named_without_a_hand_edit(tmp_path):
     recs = run_status.gpu_records(tmp_path)
     assert [Path(r["_path"]).name for r in recs] == ["ch05b-seed-gpu.json"]
     for box in (run_status.chapter_box(recs, BUILD), run_status.status_box(recs, BUILD)):
-        assert run_status.NO_GPU_TEXT not in box and "has not run yet" not in box
+        assert run_status.NO_GPU_TEXT not in box and "not yet run" not in box
         assert "`results/ch05b-seed-gpu.json` (1 x NVIDIA H200, 2026-12-02)" in box
 
 

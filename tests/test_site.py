@@ -14,6 +14,12 @@ images. Every same-site link must point to a file that exists, and to an element
 exists when the link has a fragment. Every chapter must print its ``Backend:`` line and show
 at least one figure.
 
+Rendering, on every built page at 1280 px (new pages are covered without an edit): code and
+output boxes never soft-wrap (a long line scrolls horizontally), no box clips a line without a
+scroll bar or sticks out of the article, and no table cell breaks a word across lines. The
+landing page and every chapter carry the generated run-status box (``tools.run_status``). Page
+heights go to ``test-artifacts/page-heights.json``.
+
 Requests to other hosts are never sent. They are answered with an empty body and listed in
 ``test-artifacts/external-requests.json``. The site is self-contained (MathJax included), so
 any request to another host fails the test.
@@ -216,6 +222,47 @@ _LINKS_JS = """
 """
 
 
+# Rendering at the test's 1280 px viewport, after every <details> (hidden cells) is opened. For each
+# <pre> in the article: the white-space values in force in it (a wrapping value soft-wraps code),
+# whether its content is wider than its box and whether the box scrolls, and whether the box sticks
+# out of the article. For each table cell: the words (split at white space and hyphens) whose
+# glyphs land on more than one line, i.e. words the browser broke.
+_LAYOUT_JS = r"""
+() => {
+  const article = document.querySelector('article') || document.body;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const wrapping = new Set(['normal', 'pre-wrap', 'pre-line', 'break-spaces']);
+  const right = article.getBoundingClientRect().right;
+  const pres = Array.from(article.querySelectorAll('pre')).map(pre => {
+    const styles = [pre, ...pre.querySelectorAll('*')].map(e => getComputedStyle(e));
+    const wraps = [...new Set(styles.map(cs => cs.whiteSpace).filter(w => wrapping.has(w)))];
+    const cs = styles[0];
+    return {head: (pre.textContent || '').split('\n')[0].slice(0, 70), wraps,
+            overflowing: pre.scrollWidth > pre.clientWidth + 1,
+            scrolls: ['auto', 'scroll'].includes(cs.overflowX),
+            sticksOut: pre.getBoundingClientRect().right > right + 1};
+  });
+  const broken = [];
+  for (const cell of article.querySelectorAll('td, th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.data.matchAll(/[^\s\-\u2010-\u2014\/]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  const box = document.querySelector('.cp-run-status');
+  return {pres, broken, statusBox: box ? box.innerText : null};
+}
+"""
+
+# The page's height as a reader first sees it (hidden cells closed).
+_HEIGHT_JS = "() => document.documentElement.scrollHeight"
+
 # Number of formulas MathJax typeset, after its start-up promise resolves (0 on pages without maths).
 _MATH_JS = """() => (window.MathJax && MathJax.startup && MathJax.startup.promise)
     ? MathJax.startup.promise.then(() => document.querySelectorAll('mjx-container').length) : 0"""
@@ -232,6 +279,8 @@ class PageResult:
     links: list = field(default_factory=list)
     text: str = ""
     math_rendered: int = 0
+    height: int = 0
+    layout: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -283,6 +332,8 @@ def crawl(browser, server) -> Crawl:
         res.links = page.evaluate(_LINKS_JS)
         article = page.query_selector("article")
         res.text = (article or page.query_selector("body")).inner_text()
+        res.height = page.evaluate(_HEIGHT_JS)
+        res.layout = page.evaluate(_LAYOUT_JS)
         if rel == "index.html":
             page.screenshot(path=str(ARTIFACTS / "landing.png"), full_page=True)
         elif rel == f"{CHAPTERS[0]}.html":
@@ -290,6 +341,8 @@ def crawl(browser, server) -> Crawl:
         context.close()
         results[rel] = res
     (ARTIFACTS / "external-requests.json").write_text(json.dumps(sorted(set(external)), indent=2) + "\n")
+    heights = {rel: res.height for rel, res in results.items()}
+    (ARTIFACTS / "page-heights.json").write_text(json.dumps(heights, indent=2) + "\n")
     return Crawl(server, results, external)
 
 
@@ -430,3 +483,58 @@ def test_screenshots_saved(crawl):
     for name in ("landing.png", "chapter.png"):
         path = ARTIFACTS / name
         assert path.is_file() and path.stat().st_size > 10_000, f"screenshot {name} missing or empty"
+
+
+# --------------------------------------------------------------------------- rendering (every page)
+
+
+def test_code_and_output_never_soft_wrap(crawl):
+    """Source and printed output keep their lines (Python's indentation depends on it)."""
+    problems = {}
+    for rel, res in crawl.pages.items():
+        bad = [f"{p['head']!r} wraps (white-space {', '.join(p['wraps'])})" for p in res.layout["pres"] if p["wraps"]]
+        if bad:
+            problems[rel] = bad[:5] + ([f"... and {len(bad) - 5} more"] if len(bad) > 5 else [])
+    assert crawl.pages and all("pres" in r.layout for r in crawl.pages.values())
+    assert not problems, "code or output boxes that soft-wrap:\n" + _format(problems)
+
+
+def test_no_code_box_clips_a_line_at_1280px(crawl):
+    """A line wider than its box scrolls horizontally (overflow-x auto/scroll), inside the article."""
+    problems = {}
+    for rel, res in crawl.pages.items():
+        bad = [f"{p['head']!r}: " + ("wider than its box, which does not scroll" if p["overflowing"] and not p["scrolls"]
+                                     else "sticks out of the article")
+               for p in res.layout["pres"] if (p["overflowing"] and not p["scrolls"]) or p["sticksOut"]]
+        if bad:
+            problems[rel] = bad[:5]
+    assert not problems, "code boxes that clip lines at 1280 px:\n" + _format(problems)
+
+
+def test_tables_do_not_break_words(crawl):
+    problems = {rel: [f"broken word: {w!r}" for w in sorted(set(res.layout["broken"]))][:8]
+                for rel, res in crawl.pages.items() if res.layout["broken"]}
+    assert not problems, "table cells that break a word across lines:\n" + _format(problems)
+
+
+def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
+    """The generated box (tools.run_status) is on each chapter that was built, new ones included."""
+    from tutorial_utils.tools import run_status
+
+    recs = run_status.gpu_records(ROOT / "results")
+    expected = ([f"results/{Path(r['_path']).name}" for r in recs[-run_status.MAX_NAMED:]] if recs
+                else [run_status.NO_GPU_TEXT.replace("`", "")])
+    pages = ["index.html", *sorted(rel for rel in crawl.pages if rel.startswith("notebooks/"))]
+    assert len(pages) > len(CHAPTERS), "no chapter pages were crawled"
+    problems = {}
+    for rel in pages:
+        box = crawl.pages[rel].layout.get("statusBox")
+        if box is None:
+            problems[rel] = ["no run-status box"]
+            continue
+        missing = [text for text in ["What ran where", *expected] if text not in box]
+        if rel != "index.html" and "How this page ran" not in box:
+            missing.append("How this page ran")
+        if missing:
+            problems[rel] = [f"the box lacks {m!r}" for m in missing]
+    assert not problems, "pages without the generated run-status box:\n" + _format(problems)

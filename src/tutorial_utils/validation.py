@@ -428,6 +428,6 @@ def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> 
             return (f"the segment ids/positions look reordered for cp_size={cp}" if cp > 1 else
                     "the segment ids/positions are not reordered") + (
                 f", but the mesh's CP axis has {cp_size} devices; reorder every token-indexed input with "
-                f"reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size={cp_size}, seq_dim=1, "
+                f"reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size={cp_size}, seq_dim=1, "
                 f"stripe_size={stripe}).")
     return None  # no reading of the layout explains it better; the validator reports malformed rows

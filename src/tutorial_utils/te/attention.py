@@ -130,7 +130,8 @@ def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
     elif not context_parallel_causal_load_balanced:
         raise ValueError("context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE "
                          "then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with "
-                         "reorder_causal_load_balancing(..., ReorderStrategy.Striped, cp_size, 1, stripe_size) and "
+                         "reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size=..., seq_dim=1, "
+                         "stripe_size=...) and "
                          "pass context_parallel_causal_load_balanced=True.")
 
 

@@ -1,4 +1,4 @@
-"""Plumbing for the chapters that run context parallelism (chapters 4 and 5).
+"""Plumbing for the chapters that run context parallelism (chapters 5a and 5b).
 
 Why: a chapter page should show the code a reader copies into a model (the reorder, the
 mesh and shardings, the ``fused_attn`` call with its CP arguments, the compiled step) and

@@ -71,7 +71,7 @@ def build_description(gpu: bool, backend: Optional[str] = None, devices: Optiona
     elif backend == "reference":
         what = "CPU (the pure-JAX reference, no TE)"
     else:
-        what = "CPU (TE's JAX code with the stand-in kernel)"
+        what = "CPU (TE's JAX code, stand-in kernel)"
     if devices:
         what += f", {devices} simulated devices" if not gpu else f", {devices} devices"
     return what
@@ -97,7 +97,7 @@ def status_text(gpu_recs: Iterable[dict], build: str) -> str:
         more = len(recs) - len(named)
         gpu = "GPU records: " + "; ".join(named) + (f"; and {more} more" if more else "")
         gpu += " (see the {doc}`Benchmarks page </docs/benchmarks>`)"
-    return f"**What ran where.** These pages were executed on {build}. {gpu}."
+    return f"**What ran where.** Executed on {build}. {gpu}."
 
 
 def status_box(gpu_recs: Iterable[dict], build: str) -> str:
@@ -108,16 +108,13 @@ def status_box(gpu_recs: Iterable[dict], build: str) -> str:
 def chapter_box(gpu_recs: Iterable[dict], build: str) -> str:
     """Every chapter's box: how a chapter runs, then the status paragraph."""
     recs = list(gpu_recs)
-    untried = "" if recs else ", a path that has not run yet"
+    untried = "" if recs else " (a path not yet run)"
     how = (
-        "Without a GPU, every cell runs TransformerEngine's own JAX code on simulated CPU devices, "
-        "with a CPU stand-in kernel in place of cuDNN (`tutorial_utils.tools.te_on_cpu`). On a GPU node "
-        f"with TE installed, the same cells call TE's cuDNN kernels{untried} (`CP_TUTORIAL_PRESET=seed` "
-        "selects the size of TE's published example). The `Backend:` line below names what produced "
-        "this page. "
-        "CPU timings say nothing about GPU speed. A claim marked "
-        f"*({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* rests on how the stand-in reads cuDNN's "
-        "contract, not on a GPU run."
+        "Without a GPU, TE's own JAX code runs on simulated CPU devices with a stand-in for cuDNN's "
+        f"kernel (`tutorial_utils.tools.te_on_cpu`); on a GPU node the same cells call TE's cuDNN "
+        f"kernels{untried}. The `Backend:` line names what produced this page. CPU timings say nothing "
+        f"about GPU speed. *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a claim that rests on "
+        "the stand-in's reading of cuDNN's contract."
     )
     return _admonition("How this page ran", how + "\n\n" + status_text(recs, build))
 
