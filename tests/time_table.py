@@ -28,7 +28,11 @@ _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
-_compiled = {"seconds": 0.0, "listening": False, "reported": 0.0}
+_BACKEND_COMPILE = _COMPILE_EVENTS[2]
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+# running totals in this process, and what the last report already accounted for
+_compiled = {"seconds": 0.0, "backend_s": 0.0, "cache_hits": 0.0, "listening": False}
+_reported = {"seconds": 0.0, "backend_s": 0.0, "cache_hits": 0.0}
 
 
 def _listen_for_compiles() -> None:
@@ -40,8 +44,15 @@ def _listen_for_compiles() -> None:
     def on_duration(event: str, duration: float, **_kwargs) -> None:
         if event in _COMPILE_EVENTS:
             _compiled["seconds"] += duration
+        if event == _BACKEND_COMPILE:
+            _compiled["backend_s"] += duration
+
+    def on_event(event: str, **_kwargs) -> None:
+        if event == _CACHE_HIT:
+            _compiled["cache_hits"] += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
     _compiled["listening"] = True
 
 
@@ -56,38 +67,44 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     # phases run one after another in a process, so the compile time since the last report
     # is this phase's
-    spent = _compiled["seconds"] - _compiled["reported"]
-    _compiled["reported"] = _compiled["seconds"]
-    report.user_properties.append(("compile_s", spent))
+    for key, name in (("seconds", "compile_s"), ("backend_s", "backend_compile_s"), ("cache_hits", "cache_hits")):
+        report.user_properties.append((name, _compiled[key] - _reported[key]))
+        _reported[key] = _compiled[key]
+
+
+_MEASURES = ("compile_s", "backend_compile_s", "cache_hits")
 
 
 class _TimeTable:
     def __init__(self, config):
         self.config = config
         self.started = time.monotonic()
-        self.tests: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, "compile_s": 0.0, "outcome": "passed"})
+        self.tests: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "outcome": "passed"})
 
     def pytest_runtest_logreport(self, report):
         row = self.tests[report.nodeid]
         row["wall_s"] += report.duration
-        row["compile_s"] += sum(v for k, v in report.user_properties if k == "compile_s")
+        for k, v in report.user_properties:
+            if k in _MEASURES:
+                row[k] += v
         # a failure in any phase wins; otherwise a skip (in setup or call) does
         if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
             row["outcome"] = report.outcome
 
     def table(self) -> dict:
-        files: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, "compile_s": 0.0, "tests": 0})
+        files: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "tests": 0})
         for nodeid, row in self.tests.items():
             f = files[nodeid.split("::", 1)[0]]
-            f["wall_s"] += row["wall_s"]
-            f["compile_s"] += row["compile_s"]
+            for k in ("wall_s", *_MEASURES):
+                f[k] += row[k]
             f["tests"] += 1
         rnd = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
         return {
             "schema": "test-times/1",
             "session_wall_s": round(time.monotonic() - self.started, 1),
             "workers": os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(self.config.option, "numprocesses", None) or 1,
-            "note": "wall_s = setup + call + teardown; compile_s = JAX trace + lower + compile in the test's own process",
+            "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
+                     "own process, backend_compile_s its XLA part; cache_hits = persistent compilation cache hits"),
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
             "tests": {k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])},
         }
@@ -105,8 +122,10 @@ class _TimeTable:
             tr.write_line(f"{row['wall_s']:8.1f} {row['compile_s']:8.1f}  {nodeid}")
         total = sum(r["wall_s"] for r in table["tests"].values())
         compile_total = sum(r["compile_s"] for r in table["tests"].values())
+        hits = sum(r["cache_hits"] for r in table["tests"].values())
         tr.write_line(
-            f"total test time {total:.1f} s (JAX compile {compile_total:.1f} s) over {len(table['tests'])} tests; "
+            f"total test time {total:.1f} s (JAX compile {compile_total:.1f} s, {hits:.0f} compilation cache hits) "
+            f"over {len(table['tests'])} tests; "
             f"session wall {table['session_wall_s']:.1f} s; table: {out.relative_to(self.config.rootpath)}"
         )
 
