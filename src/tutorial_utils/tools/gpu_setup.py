@@ -535,7 +535,8 @@ def bundle(directory: Path, cuda: int, python_version: str = "3.12", dry_run: bo
     return commands
 
 
-def pack(directory: Path, cuda: int, python_version: str, tree_bytes: int, call_bytes: int = CALL_BYTES) -> dict:
+def pack(directory: Path, cuda: int, python_version: str, tree_bytes: int, call_bytes: int = CALL_BYTES,
+         preset: int = 9) -> dict:
     """Turn the downloads in ``DIR/base/`` into a bundle: the core wheel repacked with xz into
     ``DIR/core/`` and cut so that call 1 carries the small files and the first piece, and each
     later call one piece, each with the working tree within ``call_bytes``; write the manifest."""
@@ -549,7 +550,7 @@ def pack(directory: Path, cuda: int, python_version: str, tree_bytes: int, call_
     cores[0].replace(core)
     files = [_entry(path, directory) for path in sorted((directory / BASE).iterdir())]
     print(f"+ repack {core.name} uncompressed and xz it", flush=True)
-    fields = repack_wheel(core, core.with_name(core.name + ".stored"))
+    fields = repack_wheel(core, core.with_name(core.name + ".stored"), preset)
     core.unlink()  # the stored wheel, checked against the original's RECORD, replaces it
     xz = core.with_name(core.name + ".stored.xz").replace(core.with_name(core.name + ".xz"))
     budget = call_bytes - tree_bytes - MARGIN_BYTES * call_bytes // CALL_BYTES
