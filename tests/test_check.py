@@ -29,11 +29,15 @@ def _env(devices=None, backend="reference"):
 
 @pytest.mark.slow
 def test_check_quick_on_one_cpu_device(tmp_path):
-    """On CPU the te-* checks run TE's own code with the CPU kernel, and say so."""
+    """On CPU the te-* checks run TE's own code with the CPU kernel, and say so; at cp=1 no CP check passes.
+
+    (``check`` as typed, with 4 simulated devices and CP at cp=4, is run from a fresh clone by
+    tests/test_shown_commands.py: the README shows that command.)
+    """
     out = tmp_path / "sub" / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.check", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.check", "--quick", "--devices", "1", "--out", str(out)],
                           env=_env(backend="te-cpu"),
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#") and not l.startswith("check:")]
     assert lines and all(LINE.match(l) for l in lines), lines
@@ -50,13 +54,53 @@ def test_check_quick_on_one_cpu_device(tmp_path):
             assert c["verdict"] == "PASS" and c["detail"].endswith("[TE-on-CPU: TE's JAX code, CPU reference kernel "
                                                                    "in place of cuDNN]"), c
     assert {"te-fused-attn:thd-gqa-swa", "te-emulated-subproblems"} <= set(checks)
-    # one device: cp=1 plus the 4-rank split computed one rank at a time
+    # one device: no CP to check (SKIP, with the reason), but the 4-rank split computed one rank at a time runs
     for strategy in ("allgather", "ring", "ulysses"):
-        assert checks[f"cp-{strategy} (cp=1, cpu)"]["verdict"] == "PASS"
+        assert checks[f"cp-{strategy} (cp=1, cpu)"]["verdict"] == "SKIP"
+        assert "at cp=1 nothing is sharded" in checks[f"cp-{strategy} (cp=1, cpu)"]["detail"]
         assert checks[f"cp-emulated-{strategy} (4 ranks, one at a time)"]["verdict"] == "PASS"
+    _assert_no_cp_check_passes_at_cp_1(proc.stdout.splitlines())
     assert checks["facade-signatures"]["verdict"] == "PASS"
     assert checks["emulation-descriptors"]["verdict"] == "PASS"
     assert any(n.startswith("reference-vs-oracle:") and c["verdict"] == "PASS" for n, c in checks.items())
+
+
+def _assert_no_cp_check_passes_at_cp_1(lines):
+    """No ``cp-*`` / ``te-cp-*`` line passes without sharding; only the emulation (4 ranks, one at a time) may."""
+    cp_pass = [l for l in lines if re.match(r"PASS (te-)?cp-", l)]
+    for line in cp_pass:
+        assert "cp=1" not in line and ("4 ranks, one at a time" in line or re.search(r"cp=([2-9]|\d\d)", line)), line
+
+
+def test_no_cp_check_passes_on_one_device():
+    """In-process on one of the suite's devices: every CP check that would run at cp=1 is SKIP with the reason."""
+    import jax
+
+    lines = []
+    for only in ("cp-allgather (", "cp-ring (", "cp-ulysses (", "te-cp-"):  # the emulation runs in the slow CLI test
+        results, more = _run(quick=True, devices=jax.devices()[:1], only=only, te_plumbing=True)
+        lines += more
+        assert results and all(r.verdict == "SKIP" for r in results.values()), more
+    assert len(lines) == 5
+    for strategy in ("allgather", "ring", "ulysses"):
+        assert f"SKIP cp-{strategy} (cp=1, cpu): CP needs >= 2 devices, found 1" in "\n".join(lines)
+    _assert_no_cp_check_passes_at_cp_1(lines)
+
+
+def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
+    """check's device set-up: the notebooks' 4 devices by default, --devices N replaces an inherited count."""
+    import tutorial_utils.tools.runtime as R
+
+    calls = []
+    monkeypatch.setattr(R, "setup_devices", lambda n: calls.append((n, R.os.environ.get("XLA_FLAGS"))))
+    monkeypatch.setattr(R, "gpu_present", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
+    assert C.simulate_cpu_devices(None) == 4 and calls[-1] == (4, "--xla_foo=1")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_foo=1")
+    assert C.simulate_cpu_devices(None) is None  # an explicit XLA_FLAGS count is the user's choice
+    assert C.simulate_cpu_devices(1) == 1 and calls[-1] == (1, "--xla_foo=1")
+    monkeypatch.setattr(R, "gpu_present", lambda: True)
+    assert C.simulate_cpu_devices(4) is None  # GPUs: nothing simulated
 
 
 def test_tolerances_are_te_s():

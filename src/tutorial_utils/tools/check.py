@@ -19,6 +19,10 @@ Checks:
   ``jax.nn.dot_product_attention(implementation="xla")``, fp32, outputs and gradients.
 * ``cp-*``: every CP strategy on the devices present (``cp = number of devices``) against the
   single-device result; ``cp-emulated-*`` runs a 4-rank split one rank at a time and merges.
+  On a machine without a GPU the CLI first gives JAX simulated CPU devices, as the notebooks
+  do (``--devices``, default 4), so these checks shard over ``cp > 1``. With one device a
+  ``cp-<strategy>`` check is SKIP with the reason: at ``cp = 1`` nothing is sharded and the
+  comparison could not fail.
 * ``emulation-descriptors``: the ragged descriptors of the emulated TE sub-problems induce
   exactly the per-token masks (pure numpy).
 * ``facade-signatures``: ``tutorial_utils.te`` has TE 2.20.2's parameter names and order (and,
@@ -42,6 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .cli_types import positive_int
 from ..inputs import random_qkv
 
 __all__ = ["CheckResult", "tolerance", "compare", "run_checks", "build_parser", "main", "cp_workload_for",
@@ -771,6 +776,11 @@ def run_checks(*, quick: bool = False, devices=None, te_plumbing: bool = False, 
     n = len(devices)
     for strategy in ("allgather", "ring", "ulysses"):
         name = f"cp-{strategy} (cp={n}, {devices[0].platform})"
+        if n < 2:
+            skip(name, f"CP needs >= 2 devices, found {n}: at cp=1 nothing is sharded, so the comparison could not fail. "
+                       "On CPU run `python -m tutorial_utils.tools.check --devices 4` (simulated devices); on GPUs, "
+                       "expose more of them")
+            continue
         wl = cp_workload_for(n)
         try:
             if strategy == "ulysses":
@@ -806,7 +816,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without real TE, run the te-* checks against the facade's reference backend (self-test only)")
     p.add_argument("--only", default=None, metavar="TEXT", help="run only checks whose name contains TEXT")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
+                   help=f"without a GPU: N simulated CPU devices, set before JAX starts (default {DEFAULT_CPU_DEVICES}, as "
+                        "the notebooks; an XLA_FLAGS device count already set is kept unless --devices is given; "
+                        "1 = no CP: the cp-* checks SKIP)")
     return p
+
+
+DEFAULT_CPU_DEVICES = 4
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def simulate_cpu_devices(requested: Optional[int]) -> Optional[int]:
+    """Before JAX starts its backend, give it simulated CPU devices as the notebooks do; return the count set.
+
+    No GPU: ``requested`` devices (replacing an inherited count), else an inherited
+    ``XLA_FLAGS`` count is kept, else :data:`DEFAULT_CPU_DEVICES`. With a GPU nothing changes.
+    """
+    import os
+
+    from .runtime import gpu_present, setup_devices
+
+    if gpu_present():
+        return None
+    flags = os.environ.get("XLA_FLAGS", "")
+    if requested is None and _DEVICE_COUNT_FLAG in flags:
+        return None
+    os.environ["XLA_FLAGS"] = " ".join(f for f in flags.split() if not f.startswith(_DEVICE_COUNT_FLAG))
+    count = requested or DEFAULT_CPU_DEVICES
+    setup_devices(count)
+    return count
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -819,6 +858,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             output_file("--out", args.out, force=args.force)
         except ValueError as err:
             parser.error(str(err))
+    try:
+        simulate_cpu_devices(args.devices)
+    except RuntimeError as err:  # JAX already started with fewer devices (main() called in-process)
+        parser.error(f"argument --devices: {err}")
     import jax
 
     from .. import te
@@ -846,7 +889,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "real_te": te.using_real_te(),
         "te_backend_kind": te.backend_kind(),
         "devices": [str(d) for d in jax.devices()],
-        "options": {"quick": args.quick, "te_plumbing": args.te_plumbing, "only": args.only},
+        "options": {"quick": args.quick, "te_plumbing": args.te_plumbing, "only": args.only, "devices": args.devices},
         "environment": env,
         "seconds": time.perf_counter() - t0,
         "checks": [r.as_dict() for r in results],
