@@ -12,6 +12,7 @@ from tutorial_utils.tools.costmodel import (
     DEFAULT_CASES,
     PUBLISHED_GB200,
     break_even_window,
+    fit_calibration,
     predict,
     published_points,
     speedup_sweep,
@@ -78,6 +79,32 @@ def test_break_even_window_when_cp_always_or_never_wins():
     assert break_even_window(SEED, "allgather", stripe_size=128) == 0
     # stripe-1 AllGather wastes >99% of every tile: it never beats one GPU
     assert break_even_window(SEED, "allgather", stripe_size=1) is None
+    # from a narrowest tested window on, "wins everywhere" returns that window, not 0
+    assert break_even_window(SEED, "allgather", stripe_size=128, min_window=16) == 16
+    with pytest.raises(ValueError, match=r"min_window=-1 must be a non-negative int"):
+        break_even_window(SEED, "allgather", stripe_size=128, min_window=-1)
+
+
+def test_constant_cp_loss_fits_the_same_times_and_moves_the_break_even():
+    """The second reading of TE's three times: exact on them, with a much wider break-even."""
+    prop, const = fit_calibration(), fit_calibration(cp_loss="constant")
+    assert const.eta == prop.eta and const.cp_loss == "constant" and const.cp_factor == {}
+    for strategy in ("ring", "allgather"):
+        pub = PUBLISHED_GB200[strategy]
+        p = predict(SEED, strategy, stripe_size=pub["stripe_size"], calibration=const)
+        assert p.predicted_ms == pytest.approx(pub["mean_ms"], rel=1e-9)
+        assert p.breakdown["cp_overhead_ms"] == pytest.approx(const.cp_loss_ms[strategy])
+        # away from the published window the constant loss does not shrink with the compute
+        narrow = predict(SEED.replace(window=(256, 0)), strategy, stripe_size=pub["stripe_size"],
+                         calibration=const)
+        assert narrow.breakdown["cp_overhead_ms"] == pytest.approx(const.cp_loss_ms[strategy])
+    assert 0.03 < const.cross_strategy_error < 0.10
+    for strategy, stripe in (("ring", 1), ("allgather", 128)):
+        w_prop = break_even_window(SEED, strategy, stripe_size=stripe, min_window=16)
+        w_const = break_even_window(SEED, strategy, stripe_size=stripe, min_window=16, calibration=const)
+        assert w_const > 2 * w_prop, (strategy, w_prop, w_const)
+    with pytest.raises(ValueError, match=r"cp_loss='fixed' is unknown"):
+        fit_calibration(cp_loss="fixed")
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,11 +32,14 @@ How the model works:
 * Ulysses has no measurement: it uses the shared ``kappa``. Label its predictions as such.
 * The CP loss is *proportional* to compute. The model has no fixed per-step cost (kernel
   launches, collective latency), so where a step is short (narrow windows, short
-  segments, small heads) it is optimistic about CP. A variant with a constant overhead in
-  milliseconds instead fitted the same three points equally well but put the seed
-  shape's break-even windows between about 1,000 and 1,500 tokens, where this model has
-  AllGather winning at every window and Ring from 257. It was dropped: three points
-  cannot choose between the two, only measurements off the published shape can.
+  segments, small heads) it is optimistic about CP. ``fit_calibration(cp_loss="constant")``
+  is the other reading of the same three times: each strategy's CP loss is a constant
+  number of milliseconds instead, fitted the same way (exact per strategy; one shared
+  constant for the stated error and for Ulysses). It reproduces the three points equally
+  well and moves the narrow-window break-even a long way, so it exists to give
+  :func:`break_even_window` a *range* across the two fits; the advisor uses the
+  proportional model only. Three points cannot choose between the two readings, only
+  measurements off the published shape can.
 * Communication: bytes from :func:`tutorial_utils.tools.comm.comm_volume` (TE schedule) over the
   NVLink per-direction bandwidth, latency ignored. AllGather and Ulysses collectives are
   fully exposed (TE's AllGather does not overlap); each Ring hop hides under the
@@ -153,6 +156,8 @@ class Calibration:
     residuals: Dict[str, float]      # predicted/published - 1, per published number
     shared_kappa: float              # diagnostic: one kappa for both CP strategies (least squares, log space)
     shared_residuals: Dict[str, float]
+    cp_loss: str = "proportional"    # "constant": the CP loss is cp_loss_ms per strategy, kappa is 1
+    cp_loss_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def cross_strategy_error(self) -> float:
@@ -185,16 +190,25 @@ def _bisect(f, lo, hi, iters=200):
     return 0.5 * (lo + hi)
 
 
+CP_LOSS_FORMS = ("proportional", "constant")
+
+
 @functools.lru_cache(maxsize=8)
-def fit_calibration(tile=DEFAULT_TILE) -> Calibration:
+def fit_calibration(tile=DEFAULT_TILE, cp_loss: str = "proportional") -> Calibration:
     """Fit ``eta`` on TE's single-GB200 time and the CP factors on its Ring and AllGather times.
 
     Why: kernel efficiency cannot be derived from first principles; it has to come from a
     measurement. This keeps one parameter per measured number and says which is which.
     With as many parameters as points the fit is exact by construction; the shared-``kappa``
     residuals (:attr:`Calibration.cross_strategy_error`) are the model's stated error.
+    ``cp_loss="constant"`` fits a constant CP loss in milliseconds per strategy instead of
+    a fraction of the compute (see the module notes): a second reading of the same times.
     """
+    if cp_loss not in CP_LOSS_FORMS:
+        raise ValueError(f"cp_loss={cp_loss!r} is unknown; use one of {CP_LOSS_FORMS}.")
     tile = tuple(tile)
+    if cp_loss == "constant":
+        return _fit_constant_loss(fit_calibration(tile))
     wl = get_workload("seed")
     hw = get_hardware(PUBLISHED_GB200["hardware"])
     cp = PUBLISHED_GB200["cp_size"]
@@ -243,6 +257,47 @@ def fit_calibration(tile=DEFAULT_TILE) -> Calibration:
     residuals = {"single": predict_single(wl, hw, cal)["predicted_ms"] / PUBLISHED_GB200["single_ms"] - 1.0}
     for s in ("ring", "allgather"):
         residuals[s] = _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, cal, cp) / PUBLISHED_GB200[s]["mean_ms"] - 1.0
+    return dataclasses.replace(cal, residuals=residuals)
+
+
+def _fit_constant_loss(prop: Calibration) -> Calibration:
+    """The constant-milliseconds reading of TE's times, with ``prop``'s ``eta`` (same single-GPU fit)."""
+    wl = get_workload("seed")
+    hw = get_hardware(PUBLISHED_GB200["hardware"])
+    cp = PUBLISHED_GB200["cp_size"]
+    base = dataclasses.replace(prop, cp_factor={}, cp_loss="constant", fitted_on={"eta": prop.fitted_on["eta"]},
+                               shared_kappa=1.0)
+
+    def raw(strategy, loss_ms):
+        c = dataclasses.replace(base, cp_loss_ms={strategy: loss_ms})
+        return _raw_cp_ms(wl, strategy, PUBLISHED_GB200[strategy]["stripe_size"], hw, c, cp)
+
+    losses, fitted_on = {}, dict(base.fitted_on)
+    for strategy in ("ring", "allgather"):
+        pub = PUBLISHED_GB200[strategy]
+        losses[strategy] = pub["mean_ms"] - raw(strategy, 0.0)   # exact: the time is linear in the loss
+        fitted_on[f"cp_loss_ms[{strategy}]"] = (
+            f"{strategy} stripe {pub['stripe_size']} fwd+bwd {pub['mean_ms']:.2f} ms (TE tutorial, 4x GB200, seed)")
+
+    def sse(c):
+        return sum((math.log(raw(s, c)) - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
+
+    lo, hi = 0.0, max(PUBLISHED_GB200[s]["mean_ms"] for s in ("ring", "allgather"))
+    gr = (math.sqrt(5) - 1) / 2
+    for _ in range(120):  # golden-section search
+        a, b = hi - gr * (hi - lo), lo + gr * (hi - lo)
+        if sse(a) < sse(b):
+            hi = b
+        else:
+            lo = a
+    shared = 0.5 * (lo + hi)
+    shared_res = {s: raw(s, shared) / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
+    losses["ulysses"] = shared
+    fitted_on["cp_loss_ms[ulysses]"] = "not measured: the shared constant (least squares on both CP times) is reused"
+    cal = dataclasses.replace(base, cp_loss_ms=losses, fitted_on=fitted_on, shared_residuals=shared_res)
+    residuals = {"single": prop.residuals["single"]}
+    for s in ("ring", "allgather"):
+        residuals[s] = raw(s, losses[s]) / PUBLISHED_GB200[s]["mean_ms"] - 1.0
     return dataclasses.replace(cal, residuals=residuals)
 
 
@@ -345,7 +400,8 @@ def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfi
     """Compute, overhead and communication pieces of one CP strategy (times in ms)."""
     tile = cal.tile
     t_tile = _tile_seconds(wl, hw, cal.eta, tile) * 1e3
-    kappa = cal.cp_factor.get(strategy, 1.0)
+    constant = cal.cp_loss == "constant"
+    kappa = 1.0 if constant else cal.cp_factor.get(strategy, 1.0)
     single_tiles = int(_wl_counts(wl, 1, "contiguous", 1, tile).allgather_tiles[0])
     bw = hw.link_bytes_per_s
     vol = comm_volume(strategy, batch=wl.batch, seq_len=wl.seq_len, num_q_heads=wl.num_q_heads,
@@ -380,7 +436,7 @@ def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfi
     else:
         raise ValueError(f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses'.")
     compute = slow_tiles * t_tile
-    overhead = compute * (1.0 / kappa - 1.0)
+    overhead = cal.cp_loss_ms.get(strategy, 0.0) if constant else compute * (1.0 / kappa - 1.0)
     return {
         "ideal_ms": single_tiles * t_tile / cp,
         "fragmentation_ms": (mean_tiles - single_tiles / cp) * t_tile,
@@ -555,18 +611,24 @@ def speedup_sweep(workload, field: str, values, *, cases=DEFAULT_CASES, hardware
 
 
 def break_even_window(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware="GB200",
-                      calibration: Optional[Calibration] = None) -> Optional[int]:
+                      calibration: Optional[Calibration] = None, min_window: Optional[int] = None) -> Optional[int]:
     """The narrowest causal window from which on the model predicts CP faster than one GPU.
 
     Why: the window sets the work per token while the bytes per rank stay fixed, so it is
     the knob that decides whether CP pays off for a packed workload. The speedup is
     evaluated at every power of two between the narrowest window the strategy accepts and
     the longest segment (wider windows change nothing); above the last power of two where
-    CP loses, the crossing is found to one token by bisection. Returns that window, the
-    narrowest accepted window when CP wins everywhere, or ``None`` when it never does.
+    CP loses, the crossing is found to one token by bisection. ``min_window`` starts the
+    search at a wider window (say, the narrowest one a sweep shows). Returns that window,
+    the narrowest tested window when CP wins at every tested window (so a caller should say
+    "at every window tested (>= that)", not "from it"), or ``None`` when it never wins.
     """
     wl, hw, cal = _resolve(workload, hardware, calibration)
     lo = wl.cp_size - 1 if strategy == "ring" else 0
+    if min_window is not None:
+        if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window < 0:
+            raise ValueError(f"min_window={min_window!r} must be a non-negative int (a left window in tokens).")
+        lo = max(lo, min_window)
     hi = max(lo, wl.valid_per_slot - 1)
     grid = sorted({lo, hi} | {2 ** k for k in range(hi.bit_length()) if lo < 2 ** k < hi})
 

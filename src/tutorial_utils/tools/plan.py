@@ -264,7 +264,15 @@ def _recommend(rows: list, single_ms: float, cal, *, single_fits: bool = True, s
         return dict(none, reason=(f"{why}, and one GPU needs {_gb(single_mem)}: nothing fits. Use more GPUs "
                                   "(--cp), a smaller batch, or shorter rows."))
     ranked = sorted(fitting, key=lambda r: r["predicted_ms"])
-    best = ranked[0]
+    tol = cal.cross_strategy_error
+    fastest = best = ranked[0]
+    # A prediction that beats a measured configuration by less than the model's stated error
+    # (predicted / measured - 1, as the shared-factor fit misses) is no reason to leave the
+    # measurement: recommend the measured one and say why.
+    near = [r for r in ranked[1:] if r.get("fitted_point") and not fastest.get("fitted_point")
+            and 1.0 - fastest["predicted_ms"] / r["predicted_ms"] < tol]
+    if near:
+        best = near[0]
     label = _label(best)
     faster_over = [r for r in rows if not r.get("fits_hbm", True) and r["predicted_ms"] < best["predicted_ms"]]
     over_note = ""
@@ -284,10 +292,17 @@ def _recommend(rows: list, single_ms: float, cal, *, single_fits: bool = True, s
     reason = (f"fastest predicted that fits in HBM: {_ms(best['predicted_ms'])}, {best['speedup']:.2f}x over one GPU "
               f"({_ms(single_ms)}), {_gb(best['memory_bytes_per_rank'])} per rank; the largest loss against the ideal "
               f"{_ms(best['breakdown']['ideal_ms'])} is {_gap_driver(best)}.")
-    if len(ranked) > 1:
+    if best is not fastest:
+        gap = 1.0 - fastest["predicted_ms"] / best["predicted_ms"]
+        reason = (f"measured: TE's published time on this shape (the model reproduces it), "
+                  + reason.split(": ", 1)[1]
+                  + f" Preferred over the predicted-fastest {_label(fastest)} ({_ms(fastest['predicted_ms'])}, "
+                  f"{100 * gap:.1f}% less time), because that margin is within the model's stated error "
+                  f"({100 * tol:.1f}%, shared-factor fit) and {_label(fastest)} is unmeasured: measure it before "
+                  "switching.")
+    elif len(ranked) > 1:
         second = ranked[1]
         margin = second["predicted_ms"] / best["predicted_ms"] - 1.0
-        tol = cal.cross_strategy_error
         reason += f" Runner-up: {_label(second)} ({_ms(second['predicted_ms'])}, +{100 * margin:.1f}%)."
         if margin < tol:
             reason += (f" The margin is below the model's cross-strategy error ({100 * tol:.1f}%, shared-factor fit), "
@@ -297,7 +312,10 @@ def _recommend(rows: list, single_ms: float, cal, *, single_fits: bool = True, s
         reason += " Ulysses is unmeasured here (its CP factor is borrowed); confirm on hardware."
     reason += _tiny_note(single_ms)
     return {"strategy": best["strategy"], "stripe_size": best["stripe_size"], "predicted_ms": best["predicted_ms"],
-            "speedup": best["speedup"], "reason": reason}
+            "speedup": best["speedup"], "measured": bool(best.get("fitted_point")),
+            "predicted_fastest": {"strategy": fastest["strategy"], "stripe_size": fastest["stripe_size"],
+                                  "predicted_ms": fastest["predicted_ms"]},
+            "reason": reason}
 
 
 def _compact_table(result: dict) -> str:
