@@ -589,6 +589,9 @@ class _RefuseOtherFrameworks:
         return None
 
 
+_CHILD_MARK = "TUTORIAL_TE_ON_CPU_RUNNER"
+
+
 def _parse_runner_args(argv):
     import argparse
 
@@ -630,9 +633,11 @@ def main(argv=None) -> int:
     te_jax = runtime.install()
     version = getattr(importlib.import_module("transformer_engine"), "__version__", "?")
     sys.meta_path.insert(0, _RefuseOtherFrameworks())
-    print(f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on "
-          f"{ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are not GPU numbers",
-          flush=True)
+    if not os.environ.get(_CHILD_MARK):  # processes a script starts with the same command line stay quiet
+        print(f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on "
+              f"{ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are not GPU numbers",
+              flush=True)
+    os.environ[_CHILD_MARK] = "1"
     del te_jax
     sys.argv = [ns.script, *ns.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
