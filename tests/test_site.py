@@ -70,6 +70,8 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 EXTERNAL_HOSTS_ALLOWED: set = set()  # MathJax is served from _static (sphinx-mathjax-offline)
+# The widest code line a chapter may have (tests/test_chapter_code.py); such lines fit the code box.
+CODE_WIDTH = 88
 # Generated pages that are not content pages.
 SKIP_PAGES = {"search.html", "genindex.html", "py-modindex.html"}
 
@@ -237,7 +239,9 @@ _LAYOUT_JS = r"""
     const styles = [pre, ...pre.querySelectorAll('*')].map(e => getComputedStyle(e));
     const wraps = [...new Set(styles.map(cs => cs.whiteSpace).filter(w => wrapping.has(w)))];
     const cs = styles[0];
-    return {head: (pre.textContent || '').split('\n')[0].slice(0, 70), wraps,
+    const lines = (pre.textContent || '').split('\n');
+    return {head: lines[0].slice(0, 70), wraps, longest: Math.max(...lines.map(l => l.length)),
+            source: !!pre.closest('.cell_input'),
             overflowing: pre.scrollWidth > pre.clientWidth + 1,
             scrolls: ['auto', 'scroll'].includes(cs.overflowX),
             sticksOut: pre.getBoundingClientRect().right > right + 1};
@@ -506,6 +510,9 @@ def test_no_code_box_clips_a_line_at_1280px(crawl):
         bad = [f"{p['head']!r}: " + ("wider than its box, which does not scroll" if p["overflowing"] and not p["scrolls"]
                                      else "sticks out of the article")
                for p in res.layout["pres"] if (p["overflowing"] and not p["scrolls"]) or p["sticksOut"]]
+        # a code cell's lines are at most CODE_WIDTH characters (test_chapter_code.py): they fit, no scrolling
+        bad += [f"{p['head']!r}: a {p['longest']}-character code line does not fit its box"
+                for p in res.layout["pres"] if p["source"] and p["longest"] <= CODE_WIDTH and p["overflowing"]]
         if bad:
             problems[rel] = bad[:5]
     assert not problems, "code boxes that clip lines at 1280 px:\n" + _format(problems)
