@@ -18,10 +18,28 @@ from tutorial_utils.inputs import fixed_slot_segments, pack_segments  # noqa: E4
 from tutorial_utils.tools.workcount import count_work, local_token_order  # noqa: E402
 
 
+MIN_FONT_PT = 9  # the smallest text any figure may draw (titles, labels, ticks, legends, annotations)
+
+
+def small_texts(fig):
+    """Visible, non-empty text artists of ``fig`` drawn below ``MIN_FONT_PT``."""
+    from matplotlib.text import Text
+
+    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_PT]
+
+
 @pytest.fixture(autouse=True)
 def _close_figures():
+    """After every test, each figure it drew must use fonts of at least ``MIN_FONT_PT`` points."""
     yield
-    plt.close("all")
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            fig.canvas.draw()  # ticks and legends exist once drawn
+            assert not small_texts(fig), f"text below {MIN_FONT_PT} pt: {small_texts(fig)[:5]}"
+    finally:
+        plt.close("all")
 
 
 @pytest.fixture
@@ -438,3 +456,39 @@ def test_record_speedups_one_panel_per_record_never_a_shared_axis():
     assert [b.get_width() for b in ax_cpu.patches] == [0.5]
     assert [b.get_width() for b in ax_pub.patches] == [2.22, 2.36]
     assert plots.plot_record_speedups([no_speedup]) is None
+
+
+def test_the_font_check_can_fail():
+    fig, ax = plt.subplots()
+    ax.text(0, 0, "tiny", fontsize=7)
+    assert small_texts(fig) == [("tiny", 7.0)]
+    plt.close(fig)
+
+
+def test_batch_and_window_shows_every_row_and_the_window_band():
+    ids, pos = pack_segments([[40, 20], [64]], 64, align=4)
+    fig = plots.plot_batch_and_window(ids, pos, window=(8, 0))
+    ax_ids, ax_vis = fig.axes
+    np.testing.assert_array_equal(np.asarray(ax_ids.images[0].get_array()), ids)
+    shown = ~np.ma.getmaskarray(ax_vis.images[0].get_array())
+    np.testing.assert_array_equal(shown, _brute_visible(ids[0], pos[0], 8))
+    assert shown.sum(axis=1).max() == 9                   # a window of 8 keys plus the query itself
+    assert "window=(8, 0)" in ax_vis.get_title() and "padding" in ax_ids.get_title()
+    with pytest.raises(ValueError, match="window"):
+        plots.plot_batch_and_window(ids, pos, window=(8, 8, 8))
+
+
+def test_benchmark_local_results_as_a_table_have_no_bars_and_no_speedups():
+    local = [dict(strategy="single", mean_ms=2.0, std_ms=0.1), dict(strategy="ring", mean_ms=4.5, stripe_size=1)]
+    pub = [dict(strategy="single", mean_ms=126.7), dict(strategy="ring", mean_ms=57.2, stripe_size=1)]
+    fig = plots.plot_benchmark(local, published=pub, local_as_table=True, title="CPU")
+    table_ax, pub_ax = fig.axes
+    import re
+
+    assert not table_ax.containers and not table_ax.patches          # no bars for the CPU run
+    cells = {k: c.get_text().get_text() for k, c in table_ax.tables[0].get_celld().items()}
+    assert [cells[(0, j)] for j in range(3)] == ["configuration", "mean fwd+bwd", "std"]
+    assert cells[(2, 0)] == "ring, stripe 1" and "4.5" in cells[(2, 1)]
+    texts = " ".join([t.get_text() for t in table_ax.texts] + list(cells.values()))
+    assert not re.search(r"\d\.\d+x", texts) and "no speed-ups" in texts
+    assert len(pub_ax.containers) == 1 and len(pub_ax.containers[0]) == 2   # the published numbers stay bars

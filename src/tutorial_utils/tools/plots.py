@@ -27,6 +27,7 @@ __all__ = [
     "segment_colors",
     "plot_ids_and_positions",
     "plot_attention_mask",
+    "plot_batch_and_window",
     "plot_gqa_mapping",
     "plot_token_ownership",
     "plot_per_token",
@@ -102,7 +103,7 @@ def text_color_for(rgba) -> str:
     return "black" if luminance > 0.179 else "white"
 
 
-def annotate_heatmap(ax, image, values=None, *, fmt="{:.2f}", fontsize: float = 8):
+def annotate_heatmap(ax, image, values=None, *, fmt="{:.2f}", fontsize: float = 9):
     """Write each cell's value into an ``imshow`` heatmap, in a colour that contrasts with the cell.
 
     ``image`` is the :class:`~matplotlib.image.AxesImage` returned by ``ax.imshow``;
@@ -202,7 +203,7 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Opt
     for sid in range(1, n_seg + 1):
         where = np.nonzero(ids == sid)[0]
         if where.size:
-            ax_id.text((where[0] + where[-1]) / 2, 0.5, f"segment {sid}", ha="center", va="center", fontsize=8)
+            ax_id.text((where[0] + where[-1]) / 2, 0.5, f"segment {sid}", ha="center", va="center", fontsize=9)
     x = np.arange(s)
     for sid in range(0, n_seg + 1):
         y = np.where(ids == sid, pos, np.nan).astype(float)
@@ -214,7 +215,7 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Opt
     ax_pos.set_xlabel("token index in the packed row")
     ax_pos.set_ylabel("segment_pos")
     ax_pos.set_xlim(-0.5, s - 0.5)
-    ax_pos.legend(loc="upper left", fontsize=7, ncol=min(n_seg + 1, 6), frameon=False)
+    ax_pos.legend(loc="upper left", fontsize=9, ncol=min(n_seg + 1, 6), frameon=False)
     fig.suptitle(title or f"Batch row {row}: segment ids and positions ({s} tokens)", fontsize=10)
     return fig
 
@@ -272,6 +273,49 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
     return fig
 
 
+def plot_batch_and_window(segment_ids, segment_pos, *, window, row: int = 0, title: Optional[str] = None):
+    """A packed batch's segment ids (left) and what the window lets one row attend to (right).
+
+    Why: a check on a packed batch means little if every row is one layout and the window
+    masks nothing. The left image shows every row's segments and padding (grey); the right
+    one is row ``row``'s visibility matrix (same segment, causal, inside the window; white =
+    masked), coloured by segment, so a window shorter than a segment shows as a band.
+    """
+    from ..reference import MaskSpec, visibility
+    from ..validation import check_window
+
+    left, right = check_window(window, name="window")
+    ids = _int_rows("segment_ids", segment_ids)
+    ids_row, pos_row = _ids_pos_row(segment_ids, segment_pos, row)
+    s = ids.shape[1]
+    if s > _MAX_MASK_TOKENS:
+        raise ValueError(f"segment_ids has {s} tokens per row; a mask picture needs <= {_MAX_MASK_TOKENS}. "
+                         "Slice a window of tokens (e.g. ids[:, :512]) first.")
+    i, p = ids_row[None, :], pos_row[None, :]
+    vis = np.asarray(visibility(i, i, p, p, MaskSpec(padding=True, causal=True, window=(left, right))))[0]
+    plt = _plt()
+    n_seg = int(ids.max())
+    cmap, norm = _segment_cmap(n_seg)
+    fig, (ax_ids, ax_vis) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True,
+                                         gridspec_kw={"width_ratios": [1.35, 1]})
+    ax_ids.imshow(ids, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+    ax_ids.set_yticks(range(ids.shape[0]))
+    ax_ids.set(xlabel="token", ylabel="row")
+    pad = float(np.mean(ids == 0))
+    ax_ids.set_title(f"segment ids ({pad:.0%} padding, grey)", fontsize=10)
+    ax_vis.imshow(np.ma.masked_array(np.where(vis, ids_row[:, None], 0), mask=~vis), cmap=cmap, norm=norm,
+                  interpolation="nearest")
+    ax_vis.set(xlabel="key token", ylabel="query token")
+    ax_vis.set_title(f"row {row}: visible keys, window={(left, right)}", fontsize=10)
+    for ax in (ax_ids, ax_vis):
+        ax.tick_params(labelsize=9)
+        ax.xaxis.label.set_fontsize(10)
+        ax.yaxis.label.set_fontsize(10)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
 def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str] = None):
     """Which KV head each query head reads under GQA: query head ``h`` -> KV head ``h // (Hq/Hkv)``.
 
@@ -297,11 +341,11 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str
         g = h // group
         ax.plot([xq[h], xkv[g]], [1.0, 0.0], color=colors[g], lw=1.4)
         ax.add_patch(Rectangle((xq[h] - 0.4, 1.0), 0.8, 0.35, facecolor=colors[g], edgecolor="k", lw=0.6))
-        ax.text(xq[h], 1.175, f"q{h}", ha="center", va="center", fontsize=7)
+        ax.text(xq[h], 1.175, f"q{h}", ha="center", va="center", fontsize=9)
     for g in range(hkv):
         w = 0.8 + 0.6 * (group - 1) / max(group, 1)
         ax.add_patch(Rectangle((xkv[g] - w / 2, -0.35), w, 0.35, facecolor=colors[g], edgecolor="k", lw=0.8))
-        ax.text(xkv[g], -0.175, f"kv{g}", ha="center", va="center", fontsize=8)
+        ax.text(xkv[g], -0.175, f"kv{g}", ha="center", va="center", fontsize=9)
     ax.set_xlim(-1, hq)
     ax.set_ylim(-0.5, 1.5)
     ax.axis("off")
@@ -381,22 +425,22 @@ def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("conti
     norm = BoundaryNorm(np.arange(cp + 1) - 0.5, cp)
     ax0.imshow(owners, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
                extent=(-0.5, s - 0.5, len(specs) - 0.5, -0.5))
-    ax0.set_yticks(range(len(specs)), [lab for _, _, lab in specs], fontsize=8)
+    ax0.set_yticks(range(len(specs)), [lab for _, _, lab in specs], fontsize=9)
     if annotate:
         for i in range(len(specs)):
             for t in range(s):
-                ax0.text(t, i, str(owners[i, t]), ha="center", va="center", fontsize=7, color="white")
+                ax0.text(t, i, str(owners[i, t]), ha="center", va="center", fontsize=9, color="white")
     if ax_ids is not None:
         n_seg = int(ids_row.max())
         scmap, snorm = _segment_cmap(n_seg)
         ax_ids.imshow(ids_row[None, :], aspect="auto", cmap=scmap, norm=snorm, interpolation="nearest",
                       extent=(-0.5, s - 0.5, 0.5, -0.5))
-        ax_ids.set_yticks([0], ["segment ids"], fontsize=8)
+        ax_ids.set_yticks([0], ["segment ids"], fontsize=9)
         ax_ids.set_xlabel("token index (original order)")
     else:
         ax0.set_xlabel("token index (original order)")
     handles = [Patch(color=colors[r], label=f"rank {r}") for r in range(cp)]
-    ax0.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=min(cp, 8), fontsize=7, frameon=False)
+    ax0.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=min(cp, 8), fontsize=9, frameon=False)
     fig.suptitle(title or f"Which rank holds each token (seq_len={s}, cp={cp})", fontsize=10)
     return fig
 
@@ -436,7 +480,7 @@ def plot_per_token(values, segment_ids, *, ylabel: str = "value", title: Optiona
     ax.set_xlim(-0.5, s - 0.5)
     ax.set_xlabel("token index in the packed row")
     ax.set_ylabel(ylabel)
-    ax.legend(loc="upper right", fontsize=7, frameon=False, ncol=len(arrays) + 1)
+    ax.legend(loc="upper right", fontsize=9, frameon=False, ncol=len(arrays) + 1)
     if title:
         ax.set_title(title, fontsize=10)
     return fig
@@ -493,14 +537,14 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
     n = len(mats)
     ncols = min(n, 3)
     nrows = math.ceil(n / ncols)
-    cell = 2.7
+    cell = 2.7 if cp <= 4 else 3.6  # room for 9-pt counts in every cell
     fig = plt.figure(figsize=(cell * ncols + 1.0, cell * nrows + 0.32 * n + 1.6), constrained_layout=True)
     grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[cell] * nrows + [0.32 * n + 0.9])
     axes = [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(n)]
     vmax = max(m.max() for m in mats) or 1.0
     for ax, label, m in zip(axes, labels, mats):
         im = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
-        annotate_heatmap(ax, im, fmt=_fmt_count, fontsize=8.5 if cp <= 4 else 7)
+        annotate_heatmap(ax, im, fmt=_fmt_count, fontsize=9)
         rows = m.sum(axis=1)
         ratio = rows.max() / rows.mean() if rows.mean() > 0 else 1.0
         ax.set_title(f"{label}\nmax/mean = {ratio:.2f}", fontsize=10)
@@ -508,7 +552,7 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
         ax.set_ylabel("query rank", fontsize=9)
         ax.set_xticks(range(cp))
         ax.set_yticks(range(cp))
-        ax.tick_params(labelsize=8)
+        ax.tick_params(labelsize=9)
     totals = np.stack([m.sum(axis=1) for m in mats])
     means = totals.mean(axis=1, keepdims=True)
     rel = np.divide(totals, means, out=np.ones_like(totals), where=means > 0)
@@ -539,7 +583,7 @@ def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     colors = rank_colors(cp)
     for r in range(cp):
         ax.add_patch(Circle(xy[r], 0.24, facecolor=colors[r], edgecolor="k", lw=0.8, alpha=0.9, zorder=3))
-        ax.text(*xy[r], labels[r], ha="center", va="center", fontsize=8, color="white", zorder=4, fontweight="bold")
+        ax.text(*xy[r], labels[r], ha="center", va="center", fontsize=9, color="white", zorder=4, fontweight="bold")
     ax.set_xlim(-1.55, 1.55)
     ax.set_ylim(-1.55, 1.55)
     ax.set_aspect("equal")
@@ -559,7 +603,7 @@ def _arrow(ax, p0, p1, color, label=None, rad=0.0):
     if label:
         mid = (a + b) / 2
         normal = np.array([-u[1], u[0]])
-        ax.text(*(mid + (0.18 + 0.5 * rad) * normal), label, ha="center", va="center", fontsize=8,
+        ax.text(*(mid + (0.18 + 0.5 * rad) * normal), label, ha="center", va="center", fontsize=9,
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85), zorder=5)
     return patch
 
@@ -693,11 +737,11 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
                 ax.bar(x, h, width * 0.95, bottom=bottom, color=colors[g], edgecolor="white", lw=0.5,
                        label=g if (i == 0 and k == 0) else None, hatch="//" if phase == "bwd" else None)
                 bottom += h
-            ax.text(x, bottom, f"{phase}\n{bottom:.3g}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, bottom, f"{phase}\n{bottom:.3g}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(data)), list(data))
     ax.set_ylabel(f"received per rank [{unit}]")
     ax.margins(y=0.22)
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.legend(fontsize=9, frameon=False, loc="upper left")
     ax.set_title(title or "Bytes each rank receives per forward and backward pass", fontsize=10)
     return fig
 
@@ -740,15 +784,30 @@ def _bar_panel(ax, results, title):
             text += f"\n{base / m:.2f}x"
         # anchored at the top of the error bar and lifted by a few points, so the bar never crosses the label
         ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height() + e), xytext=(0, 4),
-                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(ms)), labels, fontsize=8)
+                    textcoords="offset points", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(ms)), labels, fontsize=9)
     ax.set_ylabel("forward + backward [ms]")
     ax.margins(y=0.3)
     ax.set_title(title, fontsize=9)
 
 
+def _table_panel(ax, results, title):
+    """The results as a labelled table of times, with no bars and no speed-ups."""
+    ax.axis("off")
+    cells = [[r["strategy"] + (f", stripe {r['stripe_size']}" if r.get("stripe_size") not in (None, 0) else ""),
+              _fmt_ms(float(r["mean_ms"])),
+              "" if r.get("std_ms") is None else _fmt_ms(float(r["std_ms"]))] for r in results]
+    table = ax.table(cellText=cells, colLabels=["configuration", "mean fwd+bwd", "std"], loc="upper center",
+                     cellLoc="left", colLoc="left", bbox=(0.0, 0.12, 1.0, 0.76))
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    ax.text(0.0, 0.02, "CPU timings: no speed-ups, they say nothing about GPUs", transform=ax.transAxes,
+            fontsize=9, style="italic", va="bottom")
+    ax.set_title(title, fontsize=9)
+
+
 def plot_benchmark(results, *, published=None, title: Optional[str] = "this machine",
-                   published_title: str = "published by TE, 4x GB200"):
+                   published_title: str = "published by TE, 4x GB200", local_as_table: bool = False):
     """Forward+backward times as bars; published figures, if given, in a *separate* panel.
 
     ``results`` / ``published``: lists of dicts with ``strategy``, ``mean_ms`` and
@@ -756,13 +815,15 @@ def plot_benchmark(results, *, published=None, title: Optional[str] = "this mach
     record's ``results``). Each bar is labelled with its time and, when a ``'single'``
     entry exists in the same panel, the speed-up over it. The two panels never share a
     y-axis: timings from different machines and backends are not comparable.
+    ``local_as_table=True`` shows ``results`` as a labelled table of times instead of bars
+    (for CPU runs: a bar chart of them next to GPU speed-ups invites a wrong reading).
     """
     local = _check_results("results", results)
     pub = None if published is None else _check_results("published", published)
     plt = _plt()
     n = 1 if pub is None else 2
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False, constrained_layout=True)
-    _bar_panel(axes[0, 0], local, title or "")
+    (_table_panel if local_as_table else _bar_panel)(axes[0, 0], local, title or "")
     if pub is not None:
         _bar_panel(axes[0, 1], pub, published_title)
         axes[0, 1].set_facecolor("#f7f3e8")
@@ -873,8 +934,8 @@ def _hbar_panel(ax, labels, values, errors, extrapolated, value_text, *, color="
     if has.any():  # measured rows with a spread only: extrapolated rows never get an error bar
         ax.errorbar(np.asarray(values)[has], y[has], xerr=err[has], fmt="none", ecolor="0.15", elinewidth=1.0, capsize=3)
     for yi, v, e, text in zip(y, values, err, value_text):
-        ax.annotate(text, (v + e, yi), xytext=(5, 0), textcoords="offset points", ha="left", va="center", fontsize=8)
-    ax.set_yticks(y, labels, fontsize=8)
+        ax.annotate(text, (v + e, yi), xytext=(5, 0), textcoords="offset points", ha="left", va="center", fontsize=9)
+    ax.set_yticks(y, labels, fontsize=9)
     ax.invert_yaxis()
     if log:
         ax.set_xscale("log")
@@ -917,7 +978,7 @@ def plot_record_times(record: Mapping, *, title: Optional[str] = None):
         from matplotlib.patches import Patch
 
         fig.legend(handles=[Patch(facecolor="white", edgecolor="#4c72b0", hatch="///", label="extrapolated, not measured")],
-                   fontsize=8, loc="outside lower right", frameon=False)
+                   fontsize=9, loc="outside lower right", frameon=False)
     return fig
 
 
@@ -1011,11 +1072,11 @@ def plot_time_breakdown(predictions, *, published=None, title: Optional[str] = N
     stars = [(i, pub[(p.strategy, p.stripe_size)]) for i, p in enumerate(preds) if (p.strategy, p.stripe_size) in pub]
     if stars:
         ax.scatter([i for i, _ in stars], [ms for _, ms in stars], label=_PUBLISHED_LABEL, **_PUBLISHED_STYLE)
-    ax.set_xticks(x, [_case_text(p.strategy, p.stripe_size, "\n") for p in preds], fontsize=8)
+    ax.set_xticks(x, [_case_text(p.strategy, p.stripe_size, "\n") for p in preds], fontsize=9)
     ax.set_ylabel("fwd+bwd time (ms)")
     ax.set_title(title or f"Model prediction, {preds[0].cp_size} x {_short_gpu(preds[0].hardware)}: "
                           "where the time goes", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
@@ -1049,7 +1110,7 @@ def plot_speedup_sweep(sweep: Mapping, *, published=None, xlabel: Optional[str] 
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":", label="one GPU (break-even)")
     if xs.min() > 0 and xs.max() / xs.min() > 8:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [f"{v:,.0f}" for v in xs], fontsize=8)
+        ax.set_xticks(xs, [f"{v:,.0f}" for v in xs], fontsize=9)
         ax.minorticks_off()
     ax.set_xlabel(xlabel or str(sweep["field"]))
     ax.set_ylabel("speedup over one GPU")
@@ -1058,5 +1119,5 @@ def plot_speedup_sweep(sweep: Mapping, *, published=None, xlabel: Optional[str] 
     cp = sweep.get("cp_size")
     where = _short_gpu(sweep.get("hardware", "")) if cp is None else f"{cp} x {_short_gpu(sweep.get('hardware', ''))}"
     ax.set_title(title or f"Model prediction, {where}: speedup vs {sweep['field']}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right", frameon=True, framealpha=0.9)
+    ax.legend(fontsize=9, loc="lower right", frameon=True, framealpha=0.9)
     return fig
