@@ -13,6 +13,7 @@ kernel), every name here is TE's, and ``fused_attn`` is TE's behind
 from __future__ import annotations
 
 import enum
+import functools
 import warnings
 from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
@@ -23,12 +24,13 @@ import numpy as np
 from ..validation import (check_bias, check_gqa_heads, check_qkv, check_scaling_factor, check_seqlens_offsets,
                           check_window, reorder_mismatch)
 from ._backend import REAL_TE
+from .placement import check_placement, guard_placement, pin_sequence
 from .sharding import batch_axes, cp_axis_and_size
 
 __all__ = [
     "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
     "SequenceDescriptor", "fused_attn", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "is_fused_attn_kernel_available", "static_checks", "silent_failure_checks", "reorder_mismatch", "check_call",
+    "is_fused_attn_kernel_available", "static_checks", "check_scalars", "silent_failure_checks", "reorder_mismatch", "check_call",
 ]
 
 
@@ -48,13 +50,10 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
     (Ring with ``stripe_size > 1``, Ring + window ``left < cp-1``) would return wrong results.
     """
     window = check_window(window_size)
-    if not isinstance(max_segments_per_seq, int) or isinstance(max_segments_per_seq, bool) or max_segments_per_seq < 1:
-        raise ValueError(f"max_segments_per_seq={max_segments_per_seq!r} must be a positive int (the largest segment id in any row).")
+    check_scalars(dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq)
     if len(q_shape) != 4 or len(k_shape) != 4:
         raise ValueError(f"q and k must be [batch, seq, heads, dim]; got shapes {tuple(q_shape)} and {tuple(k_shape)}.")
     check_gqa_heads(q_shape[2], k_shape[2], name="kv heads (k.shape[2])")
-    if not 0.0 <= float(dropout_probability) < 1.0:
-        raise ValueError(f"dropout_probability={dropout_probability!r} must be in [0, 1).")
     if stripe_size is not None and (not isinstance(stripe_size, int) or stripe_size < 1):
         raise ValueError(f"stripe_size={stripe_size!r} must be a positive int or None.")
     if cp_size > 1:
@@ -94,6 +93,25 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
         if q_shape[1] % cp_size:
             raise ValueError(f"sequence length {q_shape[1]} is not divisible by cp_size={cp_size}; pad it to a multiple of cp_size.")
     return window
+
+
+def check_scalars(*, dropout_probability, max_segments_per_seq) -> None:
+    """The two scalars both backends check before anything runs.
+
+    On TE's path without this, ``dropout_probability=1.5`` with ``is_training=False`` is
+    accepted silently (TE ignores dropout at inference, so a typo survives until training)
+    and ``max_segments_per_seq=0`` fails inside JAX with a zero-size reduction.
+    """
+    if not isinstance(max_segments_per_seq, int) or isinstance(max_segments_per_seq, bool) or max_segments_per_seq < 1:
+        raise ValueError(f"max_segments_per_seq={max_segments_per_seq!r} must be a positive int (the largest segment "
+                         "id in any row, e.g. 1 for one sequence per row).")
+    try:
+        ok = 0.0 <= float(dropout_probability) < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"dropout_probability={dropout_probability!r} must be a float in [0, 1), whether or not "
+                         "is_training is set; use 0.0 for no dropout.")
 
 
 def _check_thd_ring(stripe_size, window, cp_size) -> None:
@@ -210,10 +228,13 @@ if REAL_TE is not None:
                    return_max_logit=False):
         """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids and
         positions, :func:`reorder_mismatch`; under ``jit`` they are traced and only the static
-        checks apply)."""
+        checks apply). With a CP axis of size > 1, inputs whose placement is visible must be
+        sharded over it (:func:`~tutorial_utils.te.placement.check_placement`), and TE's call runs
+        compiled as a whole with the sequence shardings pinned (:func:`_te_cp_call`)."""
         qkv = check_call(qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type, qkv_layout=qkv_layout,
                          scaling_factor=scaling_factor)
-        _, _, cp_size = cp_axis_and_size(context_parallel_axis)
+        check_scalars(dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq)
+        mesh, cp_axis, cp_size = cp_axis_and_size(context_parallel_axis)
         silent_failure_checks(qkv_layout=qkv_layout, window_size=window_size,
                               context_parallel_strategy=context_parallel_strategy,
                               context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
@@ -225,16 +246,64 @@ if REAL_TE is not None:
             why = reorder_mismatch(*ids_pos, cp_size=cp_size, stripe_size=stripe_size)
             if why:
                 raise ValueError(f"sequence_descriptor: {why}")
-        return _te_fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type=attn_bias_type,
-                              attn_mask_type=attn_mask_type, qkv_layout=qkv_layout, softmax_type=softmax_type,
-                              scaling_factor=scaling_factor, dropout_probability=dropout_probability,
-                              is_training=is_training, max_segments_per_seq=max_segments_per_seq,
-                              window_size=window_size, context_parallel_strategy=context_parallel_strategy,
-                              context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
-                              context_parallel_axis=context_parallel_axis, context_checkpoint_name=context_checkpoint_name,
-                              softmax_offset=softmax_offset, stripe_size=stripe_size, score_mod=score_mod,
-                              score_mod_bprop=score_mod_bprop, score_mod_tensors=score_mod_tensors,
-                              score_mod_bprop_tensors=score_mod_bprop_tensors, return_max_logit=return_max_logit)
+        static = dict(attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
+                      softmax_type=softmax_type, scaling_factor=scaling_factor,
+                      dropout_probability=dropout_probability, is_training=is_training,
+                      max_segments_per_seq=max_segments_per_seq, window_size=window_size,
+                      context_parallel_strategy=context_parallel_strategy,
+                      context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
+                      context_parallel_axis=context_parallel_axis, context_checkpoint_name=context_checkpoint_name,
+                      stripe_size=stripe_size, score_mod=score_mod, score_mod_bprop=score_mod_bprop,
+                      return_max_logit=return_max_logit)
+        arrays = (qkv, bias, sequence_descriptor, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors)
+        if cp_size > 1:
+            check_placement(_sequence_arrays(qkv, sequence_descriptor), cp_axis=cp_axis, cp_size=cp_size)
+            return _te_cp_call(tuple(sorted(static.items(), key=lambda kv: kv[0])), cp_axis, batch_axes(mesh))(*arrays)
+        return _call_te(static, *arrays)
+
+    def _sequence_arrays(qkv, desc):
+        """The inputs whose axis 1 is the sequence, by the name a user knows them by."""
+        named = dict(zip(("q", "k", "v") if len(qkv) == 3 else ("q", "kv") if len(qkv) == 2 else ("qkv",), qkv))
+        if desc is not None:
+            for field in ("segment_ids", "segment_pos"):
+                for i, x in enumerate(getattr(desc, field, ()) or ()):
+                    named[f"sequence_descriptor.{field}[{i}]"] = x
+        return named
+
+    def _call_te(static, qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors):
+        return _te_fused_attn(qkv, bias, desc, seed, softmax_offset=softmax_offset, score_mod_tensors=score_mod_tensors,
+                              score_mod_bprop_tensors=score_mod_bprop_tensors, **static)
+
+    @functools.lru_cache(maxsize=64)
+    def _te_cp_call(static_items, cp_axis, batch):
+        """TE's CP call under one ``jax.jit``, with the sequence axis pinned to ``cp_axis``.
+
+        Why each part (each shown on TE's own code in ``tests/test_placement.py``): called
+        eagerly, TE's CP primitives are dispatched one by one and return wrong outputs even for
+        correctly placed arrays; under ``jit``, an input (or an output cotangent) whose
+        sharding XLA has to infer can reach TE's partitioner as one it cannot name over the
+        mesh (a bare ``cp is not a axis`` or ``explode_superdims`` assertion,
+        NVIDIA/TransformerEngine#3516). Constraining q/k/v, the segment ids/positions and the
+        output to ``P(batch, cp, ...)`` removes both; the output's constraint applies to dO too.
+        """
+        static = dict(static_items)
+
+        def pin(x, name):
+            return guard_placement(pin_sequence(x, cp_axis, batch), name, cp_axis)
+
+        def run(qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors):
+            qkv = tuple(pin(x, name) for x, name in zip(qkv, _sequence_arrays(qkv, None)))
+            if desc is not None:
+                desc = SequenceDescriptor(
+                    seqlens=desc.seqlens, seq_offsets=desc.seq_offsets,
+                    segment_ids=tuple(pin(x, f"sequence_descriptor.segment_ids[{i}]") for i, x in enumerate(desc.segment_ids)),
+                    segment_pos=tuple(pin(x, f"sequence_descriptor.segment_pos[{i}]") for i, x in enumerate(desc.segment_pos)))
+            result = _call_te(static, qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors)
+            if isinstance(result, tuple):
+                return (pin_sequence(result[0], cp_axis, batch),) + tuple(result[1:])
+            return pin_sequence(result, cp_axis, batch)
+
+        return jax.jit(run)
 
 else:
     # ------------------------------------------------------------------------- reference backend
