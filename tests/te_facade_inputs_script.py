@@ -23,10 +23,11 @@ V = jnp.asarray(rng.normal(size=(1, 8, 1, 8)), jnp.bfloat16)
 IDS, POS = jnp.ones((1, 8), jnp.int32), jnp.arange(8, dtype=jnp.int32)[None]
 
 
-def call(api, qkv, layout="THD_THD_THD", scale=0.35, desc=None):
+def call(api, qkv, layout="THD_THD_THD", scale=0.35, desc=None, dropout=0.0, max_segments=1):
     desc = desc or api.SequenceDescriptor.from_segment_ids_and_pos(IDS, POS)
     return api.fused_attn(qkv, None, desc, None, api.AttnBiasType.NO_BIAS, api.AttnMaskType.PADDING_CAUSAL_MASK,
-                          api.QKVLayout[layout], api.AttnSoftmaxType.VANILLA_SOFTMAX, scale, 0.0, False)
+                          api.QKVLayout[layout], api.AttnSoftmaxType.VANILLA_SOFTMAX, scale, dropout, False,
+                          max_segments_per_seq=max_segments)
 
 
 RIGHT = np.asarray(call(te_alone, (Q, K, V)), np.float32)  # the well-formed call, for comparison
@@ -38,6 +39,8 @@ CASES = {
     "scaling_factor nan": lambda api: call(api, (Q, K, V), scale=float("nan")),
     "overlapping offsets": lambda api: call(api, (Q, K, V), desc=api.SequenceDescriptor.from_seqlens_and_offsets(
         jnp.array([[6, 6, -1]]), jnp.array([[0, 2, -1]]))),
+    "dropout 1.5 at inference": lambda api: call(api, (Q, K, V), dropout=1.5),
+    "max_segments_per_seq 0": lambda api: call(api, (Q, K, V), max_segments=0),
 }
 report = {}
 for name, run in CASES.items():

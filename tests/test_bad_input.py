@@ -160,6 +160,13 @@ CASES = [
      r"dropout_probability=0.1"),
     ("facade window", lambda: _fused(window_size=(-5, 0)), ValueError, r"window_size=\(-5, 0\)"),
     ("facade max segments 0", lambda: _fused(max_segments_per_seq=0), ValueError, r"max_segments_per_seq=0"),
+    ("facade dropout 1.5 at inference", lambda: _fused(dropout_probability=1.5, is_training=False), ValueError,
+     r"dropout_probability=1.5 must be a float in \[0, 1\), whether or not is_training is set"),
+    ("validator traced ids", lambda: jax.jit(lambda i, p: validate_packed_inputs(i, p, max_segments_per_seq=1))(
+        IDS, POS), ValueError, r"segment_ids is a traced array .* needs concrete arrays"),
+    ("random_qkv int dtype", lambda: random_qkv(0, 1, 8, 2, 1, 4, jnp.int32), ValueError,
+     r"dtype=.*int32.* is not a floating dtype"),
+    ("pack fractional length", lambda: pack_segments([[2.5]], 8), ValueError, r"lengths\[0\]\[0\]=2.5 must be an int"),
     ("facade kernel availability heads", lambda: ref_api.is_fused_attn_kernel_available(
         True, 1, "bf16", "bf16", None, None, None, None, 0.0, 4, 0, 16, 16, 8, 8), ValueError, r"kv_num_heads=0"),
     ("descriptor without positions", lambda: ref_api.SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(IDS)),
@@ -304,11 +311,18 @@ def test_te_facade_names_what_te_alone_rejects_obscurely_or_computes_wrongly():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     names = {"kv packed on the heads axis": "qkv_layout=THD_T2HD", "v shorter than k": "v has (1, 6, 1, 8)",
              "v with fewer heads than k": "v has (1, 8, 1, 8)", "int q": "q.dtype=int32",
-             "scaling_factor nan": "scaling_factor=nan", "overlapping offsets": "q row 0: segment [2, 8) overlaps"}
+             "scaling_factor nan": "scaling_factor=nan", "overlapping offsets": "q row 0: segment [2, 8) overlaps",
+             "dropout 1.5 at inference": "dropout_probability=1.5 must be a float in [0, 1)",
+             "max_segments_per_seq 0": "max_segments_per_seq=0 must be a positive int"}
+    # TE alone accepts these silently (a value that means nothing, kept until it bites in training)
+    silently_accepted = {"dropout 1.5 at inference"}
     assert set(report) == set(names)
     for case, row in report.items():
         assert row["facade"] and names[case] in row["facade"], (case, row)
         alone = row["te_alone"]
+        if case in silently_accepted:
+            assert alone.startswith("ran"), f"{case}: TE alone no longer accepts it ({alone})"
+            continue
         wrong = alone.startswith(("raised", "wrong")) or (
             alone.startswith("ran, max") and float(alone.rsplit("= ", 1)[1]) > 0.1)
         assert wrong, f"{case}: TE alone handled it ({alone}), so the facade must not reject it"

@@ -23,6 +23,15 @@ def random_qkv(seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_hea
                         ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int.")
+    import jax.numpy as jnp
+
+    try:
+        floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:
+        floating = False
+    if not floating:
+        raise ValueError(f"dtype={dtype!r} is not a floating dtype: q, k, v and dout are normal draws; use "
+                         "jnp.bfloat16, jnp.float16 or jnp.float32.")
     kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
     q_shape = (batch, seq_len, num_q_heads, head_dim)
     kv_shape = (batch, seq_len, num_kv_heads, head_dim)
@@ -66,6 +75,8 @@ def pack_segments(lengths: Sequence[Sequence[int]], seq_len: int, align: int = 1
     for b, row in enumerate(lengths):
         start = 0
         for s, length in enumerate(row):
+            if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+                raise ValueError(f"lengths[{b}][{s}]={length!r} must be an int (a segment's number of valid tokens).")
             if length < 1:
                 raise ValueError(f"lengths[{b}][{s}]={length}: every segment needs at least one valid token.")
             extra = 0 if slot_padding is None else int(slot_padding[b][s])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import jax
 import numpy as np
 
 from .reorder import ReorderStrategy
@@ -186,6 +187,11 @@ def validate_packed_inputs(segment_ids, segment_pos, *, max_segments_per_seq: in
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name}={value!r} must be a positive int" + (" (1 = no context parallelism)."
                                                                        if name == "cp_size" else "."))
+    for name, value in (("segment_ids", segment_ids), ("segment_pos", segment_pos)):
+        if isinstance(value, jax.core.Tracer):
+            raise ValueError(f"{name} is a traced array ({type(value).__name__}, shape {tuple(value.shape)}): "
+                             "validate_packed_inputs reads the values, so it needs concrete arrays. Call it outside "
+                             "jax.jit/grad/vmap, on the host batch (e.g. in the data pipeline), before the step.")
     ids = np.asarray(segment_ids)
     pos = np.asarray(segment_pos)
     if ids.ndim != 2:
