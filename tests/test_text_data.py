@@ -142,3 +142,26 @@ def test_check_batch_for_mesh(natural):
     unlabelled = dataclasses.replace(for_four, cp_size=1, stripe_size=None)
     with pytest.raises(ValueError, match=r"reordered with \(cp_size, stripe_size\)=\(1, 1\).*cp_size=4"):
         check_batch_for_mesh(unlabelled, cp_size=4, stripe_size=2)
+    # every array striped but the positions: no CP size explains it, and it is refused
+    positions_left = dataclasses.replace(for_four, segment_pos=natural.segment_pos)
+    with pytest.raises(ValueError, match=r"undoing the reorder for cp_size=4, stripe_size=2 does not give a packed "
+                                         r"batch.*positions included"):
+        check_batch_for_mesh(positions_left, cp_size=4, stripe_size=2)
+
+
+def test_paragraph_packing_gives_many_lengths_and_padding(docs):
+    whole = make_batches(docs, 3, batch=4, seq_len=256, max_segments_per_seq=4, segment_len=96, align=8)
+    paras = make_batches(docs, 3, batch=4, seq_len=256, max_segments_per_seq=4, segment_len=96, align=8,
+                         by_paragraph=True)
+
+    def lengths(batches):
+        return [int(np.sum(row == s)) for b in batches for row in b.segment_ids for s in range(1, row.max() + 1)]
+
+    assert len(set(lengths(paras))) > 10 and len(set(lengths(whole))) < len(set(lengths(paras)))
+    assert all((b.segment_ids == 0).any(axis=1).all() for b in paras)  # every row ends in padding
+    text = decode(paras[0].tokens[0][paras[0].segment_ids[0] == 1])
+    assert docs[0].decode().startswith(text) and "\n\n" not in text  # a paragraph, not a whole document
+    for b in paras:
+        validate_packed_inputs(b.segment_ids, b.segment_pos, max_segments_per_seq=4)
+    with pytest.raises(ValueError, match=r"by_paragraph='yes' must be True or False"):
+        pack_documents(docs, batch=1, seq_len=64, max_segments_per_seq=1, by_paragraph="yes")

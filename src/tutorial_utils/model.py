@@ -16,6 +16,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from .te.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrategy,
@@ -23,7 +24,8 @@ from .te.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrate
 from .validation import check_window
 
 __all__ = ["ModelConfig", "AttentionSharding", "NO_CP", "init_params", "rms_norm",
-           "rope", "attention", "forward", "loss_fn", "make_train_step"]
+           "rope", "attention", "forward", "loss_fn", "make_train_step",
+           "relative_update_difference"]
 
 COMPUTE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -228,3 +230,27 @@ def make_train_step(config: ModelConfig, optimizer: optax.GradientTransformation
         return optax.apply_updates(params, updates), opt_state, loss
 
     return train_step
+
+
+def relative_update_difference(init, reference, other) -> float:
+    """``||(other - init) - (reference - init)|| / ||reference - init||`` over all parameters.
+
+    Why: AdamW moves each weight by about the learning rate per step whatever the gradient,
+    so after a few steps every run's parameters are within ``lr * steps`` of each other and
+    a tolerance on ``max |param diff|`` can hardly fail. Measured against the size of the
+    update itself, a run whose gradients point elsewhere differs by a sizeable fraction of
+    1, while rounding differences stay far below. Norms over all leaves, in float64.
+    """
+    leaves = [jax.tree.leaves(tree) for tree in (init, reference, other)]
+    if not len(leaves[0]) == len(leaves[1]) == len(leaves[2]):
+        raise ValueError("init, reference and other must be parameter trees of one model; "
+                         f"they have {[len(x) for x in leaves]} leaves.")
+    num = den = 0.0
+    for i, r, o in zip(*leaves):
+        i, r, o = (np.asarray(x, np.float64) for x in (i, r, o))
+        num += float(np.sum((o - r) ** 2))
+        den += float(np.sum((r - i) ** 2))
+    if den == 0.0:
+        raise ValueError("reference equals init: the reference run did not move the "
+                         "parameters, so there is no update to compare against.")
+    return float(np.sqrt(num / den))

@@ -20,7 +20,8 @@ import numpy as np
 
 from .inputs import pack_segments
 from .reorder import ReorderStrategy, reorder_causal_load_balancing
-from .validation import reorder_mismatch, validate_packed_inputs
+from .reorder import inverse_reorder_causal_load_balancing as _undo_reorder
+from .validation import first_violation, reorder_mismatch, validate_packed_inputs
 
 __all__ = ["VOCAB_SIZE", "PackedBatch", "load_documents", "encode", "decode",
            "pack_documents", "make_batches", "reorder_for_cp", "check_batch_for_mesh"]
@@ -94,8 +95,10 @@ class PackedBatch:
         return tuple(getattr(self, name) for name in FIELDS)
 
 
-def _pieces(docs, seq_len, max_segments_per_seq, segment_len, align) -> List[np.ndarray]:
-    """Every document cut into pieces of at most ``segment_len`` tokens (one segment each)."""
+def _pieces(docs, seq_len, max_segments_per_seq, segment_len, align,
+            by_paragraph=False) -> List[np.ndarray]:
+    """Every document (or, ``by_paragraph``, every paragraph) cut into pieces of at most
+    ``segment_len`` tokens, one segment each."""
     for name, value in (("seq_len", seq_len), ("align", align),
                         ("max_segments_per_seq", max_segments_per_seq)):
         _positive_int(name, value)
@@ -105,8 +108,14 @@ def _pieces(docs, seq_len, max_segments_per_seq, segment_len, align) -> List[np.
             or not 1 <= segment_len <= seq_len):
         raise ValueError(f"segment_len={segment_len!r} must be an int in 1..seq_len={seq_len} "
                          "(default: seq_len // max_segments_per_seq).")
-    pieces = [ids[i:i + segment_len] for ids in map(encode, docs)
-              for i in range(0, len(ids), segment_len)]
+    if not isinstance(by_paragraph, bool):
+        raise ValueError(f"by_paragraph={by_paragraph!r} must be True or False.")
+    texts = [encode(doc) for doc in docs]
+    if by_paragraph:  # paragraphs end at a blank line; their lengths vary like real documents
+        texts = [encode(par) for doc in docs for par in
+                 (doc.encode("utf-8") if isinstance(doc, str) else doc).split(b"\n\n")
+                 if par.strip()]
+    pieces = [ids[i:i + segment_len] for ids in texts for i in range(0, len(ids), segment_len)]
     if not pieces:
         raise ValueError(f"docs={docs!r:.60} holds no text; pass non-empty documents, "
                          "e.g. load_documents().")
@@ -145,26 +154,30 @@ def _pack(pieces, cursor, *, batch, seq_len, max_segments_per_seq, align, cycle)
 
 
 def pack_documents(docs, *, batch: int, seq_len: int, max_segments_per_seq: int,
-                   segment_len: Optional[int] = None, align: int = 1) -> PackedBatch:
+                   segment_len: Optional[int] = None, align: int = 1,
+                   by_paragraph: bool = False) -> PackedBatch:
     """Pack ``docs`` (str or bytes) into a natural-order :class:`PackedBatch`.
 
     Documents are cut into segments of at most ``segment_len`` tokens (default
     ``seq_len // max_segments_per_seq``) and placed left to right in document order, at
     most ``max_segments_per_seq`` per row; a segment that does not fit starts the next row.
     Each segment starts at a multiple of ``align``; ``cp_size * stripe_size`` is the safe
-    layout for THD AllGather (:func:`reorder_for_cp` checks the one you chose). Raises when
-    the documents run out before the batch is full.
+    layout for THD AllGather (:func:`reorder_for_cp` checks the one you chose). With
+    ``by_paragraph=True`` each paragraph (text between blank lines) is a document of its
+    own: segments of many lengths, and rows that end in padding. Raises when the documents
+    run out before the batch is full.
     """
-    pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align)
+    pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
     return _pack(pieces, 0, batch=batch, seq_len=seq_len, align=align, cycle=False,
                  max_segments_per_seq=max_segments_per_seq)[0]
 
 
 def make_batches(docs, steps: int, *, batch: int, seq_len: int, max_segments_per_seq: int,
-                 segment_len: Optional[int] = None, align: int = 1) -> List[PackedBatch]:
+                 segment_len: Optional[int] = None, align: int = 1,
+                 by_paragraph: bool = False) -> List[PackedBatch]:
     """``steps`` consecutive batches as :func:`pack_documents` makes them, starting over
     at the first document when the documents run out."""
-    pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align)
+    pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
     out, cursor = [], 0
     for _ in range(_positive_int("steps", steps)):
         packed, cursor = _pack(pieces, cursor, batch=batch, seq_len=seq_len, align=align,
@@ -206,8 +219,9 @@ def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int,
     """Raise ``ValueError`` unless ``batch`` is striped for a CP axis of ``cp_size`` devices.
 
     Why: TE computes a batch striped for another CP size without an error, and wrongly.
-    The arrays are checked (a hand-built batch's labels may be wrong), then the labels.
-    ``cp_size=1`` expects the natural order.
+    The arrays are checked (a hand-built batch's labels may be wrong): undone for this
+    mesh they must be a packed batch, which also catches positions that were not reordered
+    with the ids. Then the labels. ``cp_size=1`` expects the natural order.
     """
     cp_size = _positive_int("cp_size", cp_size)
     # for cp_size=1 the stripe is irrelevant; the batch's own one recognises its reorder
@@ -216,6 +230,16 @@ def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int,
                            stripe_size=stripe)
     if why:
         raise ValueError(f"batch: {why}")
+    # no CP size explains the layout: undone for this mesh it must still be a packed batch
+    # (positions left in natural order while the ids were striped read as none of them)
+    natural = [_undo_reorder(np.asarray(x), ReorderStrategy.Striped, cp_size, 1,
+                                     stripe or 1) for x in (batch.segment_ids, batch.segment_pos)]
+    why = first_violation(*natural, max_segments_per_seq=batch.max_segments_per_seq)
+    if why:
+        raise ValueError(f"batch: undoing the reorder for cp_size={cp_size}, stripe_size="
+                         f"{stripe or 1} does not give a packed batch ({why}); reorder all five "
+                         "arrays together, positions included, with reorder_for_cp on the "
+                         "natural-order batch.")
     want = (1, None) if cp_size == 1 else (cp_size, stripe_size or 1)
     have = (batch.cp_size, batch.stripe_size if cp_size == 1 else batch.stripe_size or 1)
     if have != want:
