@@ -17,9 +17,12 @@ touching a device, and that a dead or missing peer must turn into a clear error,
   message after ``initialization_timeout``; a peer that dies later is reported by the
   coordination service ("stopped sending heartbeats") within ``heartbeat_timeout``.
 * ``python -m tutorial_utils.tools.launch -n 4 --demo`` runs the built-in worker
-  (``--worker-demo``): Ring, AllGather and Ulysses (and the TE facade's Ring/AllGather) on a
-  global mesh over every process's devices, each rank checking its shards against a
-  single-device computation it does itself.
+  (``--worker-demo``): TE's ``fused_attn`` with AllGather and Ring CP in bf16 (the default
+  backend: real TE on a GPU, TE's JAX code with the CPU stand-in kernel elsewhere) on a
+  global mesh over every process's devices, each rank checking its shards against the fp32
+  reference and against TE without CP, both computed on its own device, at TE's tolerance.
+  ``--strategies`` adds the tutorial's own Ring, AllGather and Ulysses; ``--backend
+  reference --dtype float32`` runs the pure-JAX reference in fp32.
 
 ``--fail-rank R`` and ``--skip-rank R`` inject the two failure modes the tests check.
 """
