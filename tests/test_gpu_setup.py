@@ -80,19 +80,37 @@ print("compiled with", peak[0], "at once", flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    """A bundle as ``bundle`` leaves it, from fake downloads, cut for 256 KiB calls."""
-    root = tmp_path_factory.mktemp("repo")
-    d = root / "gpu-bundle"
+def _downloads(d: Path) -> bytes:
+    """What ``bundle`` downloads into ``d/base``, faked small; returns the core wheel's bytes."""
     (d / "base").mkdir(parents=True)
     _wheel(d / "base" / CORE, "transformer_engine_cu13", "2.20.2",
            {"transformer_engine/wheel_lib/libtransformer_engine.so": _library_bytes(1400 * KIB)})
     _wheel(d / "base" / "transformer_engine-2.20.2-py3-none-any.whl", "transformer_engine", "2.20.2",
            {"transformer_engine/__init__.py": b"x = 1\n"})
     _sdist(d / "base" / "transformer_engine_jax-2.20.2.tar.gz", FAKE_SETUP)
-    G.pack(d, 13, "3.11", tree_bytes=20 * KIB, call_bytes=256 * KIB, preset=1)  # xz -9 for real bundles
+    return (d / "base" / CORE).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory):
+    """A bundle as ``bundle`` leaves it, from fake downloads, cut for 256 KiB calls."""
+    d = tmp_path_factory.mktemp("repo") / "gpu-bundle"
+    _downloads(d)
+    G.pack(d, 13, "3.11", tree_bytes=20 * KIB, call_bytes=256 * KIB)
     return d
+
+
+def test_pack_cuts_the_core_wheel_as_pypi_serves_it_and_join_restores_the_same_bytes(tmp_path):
+    d = tmp_path / "gpu-bundle"
+    original = _downloads(d)
+    manifest = G.pack(d, 13, "3.11", tree_bytes=20 * KIB, call_bytes=256 * KIB)
+    core = next(e for e in manifest["files"] if e["pieces"])
+    assert core["sha256"] == hashlib.sha256(original).hexdigest() and core["packing"] is None
+    assert sum(p["bytes"] for p in core["pieces"]) == len(original) and len(core["pieces"]) >= 3
+    assert [p["call"] for p in core["pieces"]] == list(range(1, len(core["pieces"]) + 1))
+    assert not (d / "core" / CORE).exists() and not (d / "base" / CORE).exists()  # only pieces travel
+    G.join_pieces(d)
+    assert (d / "core" / CORE).read_bytes() == original
 
 
 def _copy(bundle_dir, tmp_path) -> Path:
@@ -101,9 +119,10 @@ def _copy(bundle_dir, tmp_path) -> Path:
     return d
 
 
-def test_pack_shrinks_the_core_wheel_with_xz_and_join_restores_it(bundle_dir, tmp_path):
-    d = _copy(bundle_dir, tmp_path)
-    manifest = json.loads((d / G.MANIFEST).read_text())
+def test_pack_can_shrink_the_core_wheel_with_xz_and_join_restores_it(tmp_path):
+    d = tmp_path / "gpu-bundle"
+    _downloads(d)
+    manifest = G.pack(d, 13, "3.11", tree_bytes=20 * KIB, call_bytes=256 * KIB, xz=True, preset=1)
     core = next(e for e in manifest["files"] if e["pieces"])
     assert core["name"] == f"core/{CORE}" and core["packing"] == "xz"
     assert sum(p["bytes"] for p in core["pieces"]) < 0.5 * core["bytes"]  # xz on the stored members
@@ -120,7 +139,7 @@ def test_pack_shrinks_the_core_wheel_with_xz_and_join_restores_it(bundle_dir, tm
 
 def test_a_corrupted_or_missing_piece_is_named_and_nothing_half_written_remains(bundle_dir, tmp_path):
     d = _copy(bundle_dir, tmp_path)
-    part = d / "core" / (CORE + ".xz.part001")
+    part = d / "core" / (CORE + ".part001")
     data = bytearray(part.read_bytes())
     data[10] ^= 1
     part.write_bytes(bytes(data))
@@ -178,7 +197,7 @@ def test_carry_plan_rehearsal_plays_every_call_and_lets_pip_resolve_offline(bund
     assert G.verify_wheel_record(device / "gpu-bundle" / "core" / CORE) == 3
     # a call that finds an earlier call's piece gone (the machine went back) says so
     (device / "gpu-bundle" / "core" / CORE).unlink()
-    (device / "gpu-bundle" / "core" / (CORE + ".xz.part000")).unlink()
+    (device / "gpu-bundle" / "core" / (CORE + ".part000")).unlink()
     with pytest.raises(SystemExit, match=r"part000 \(call 1\) missing"):
         G.verify_pieces(device / "gpu-bundle", upto_call=2)
 

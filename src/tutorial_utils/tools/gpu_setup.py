@@ -506,10 +506,10 @@ def _prepare_folder(directory: Path, clean: bool) -> None:
 
 
 def bundle(directory: Path, cuda: int, python_version: str = "3.12", dry_run: bool = False, clean: bool = False,
-           tree_bytes: Optional[int] = None) -> List[List[str]]:
-    """Download the pinned requirements for a Linux x86_64 node with ``python_version``, repack the
-    core wheel with xz and cut it into pieces sized so that each call carries at most
-    :data:`CALL_BYTES` with the working tree (``tree_bytes``, measured when not given)."""
+           tree_bytes: Optional[int] = None, xz: bool = False) -> List[List[str]]:
+    """Download the pinned requirements for a Linux x86_64 node with ``python_version`` and cut the
+    core wheel into pieces sized so that each call carries at most :data:`CALL_BYTES` with the
+    working tree (``tree_bytes``, measured when not given); see :func:`pack`."""
     directory = Path(directory)
     commands = []
     for req, binary in bundle_requirements(cuda):
@@ -531,15 +531,22 @@ def bundle(directory: Path, cuda: int, python_version: str = "3.12", dry_run: bo
             _fetch_sdist(cmd[1], cmd[2], directory / BASE)
         else:
             _run(cmd)
-    pack(directory, cuda, python_version, sum(working_tree_bytes()) if tree_bytes is None else tree_bytes)
+    pack(directory, cuda, python_version, sum(working_tree_bytes()) if tree_bytes is None else tree_bytes, xz=xz)
     return commands
 
 
 def pack(directory: Path, cuda: int, python_version: str, tree_bytes: int, call_bytes: int = CALL_BYTES,
-         preset: int = 9) -> dict:
-    """Turn the downloads in ``DIR/base/`` into a bundle: the core wheel repacked with xz into
-    ``DIR/core/`` and cut so that call 1 carries the small files and the first piece, and each
-    later call one piece, each with the working tree within ``call_bytes``; write the manifest."""
+         xz: bool = False, preset: int = 9) -> dict:
+    """Turn the downloads in ``DIR/base/`` into a bundle: the core wheel moved to ``DIR/core/`` and
+    cut so that call 1 carries the small files and the first piece, and each later call one
+    piece, each with the working tree within ``call_bytes``; write the manifest.
+
+    The wheel is carried as PyPI serves it (its SHA-256 is PyPI's). ``xz`` repacks it first
+    (:func:`repack_wheel`); measured on TE 2.20.2's cu13 wheel this saves little, because 251 MB
+    of its 327 MB library is the CUDA fat binary, which nvcc has already compressed (gzip and
+    xz leave 8 MB slices of ``.nv_fatbin`` at 0.93-0.999 of their size), so the default keeps the
+    original bytes.
+    """
     directory = Path(directory)
     (directory / CORE).mkdir(exist_ok=True)
     stem = f"transformer_engine_cu{cuda}-"
@@ -549,16 +556,21 @@ def pack(directory: Path, cuda: int, python_version: str, tree_bytes: int, call_
     core = directory / CORE / cores[0].name
     cores[0].replace(core)
     files = [_entry(path, directory) for path in sorted((directory / BASE).iterdir())]
-    print(f"+ repack {core.name} uncompressed and xz it", flush=True)
-    fields = repack_wheel(core, core.with_name(core.name + ".stored"), preset)
-    core.unlink()  # the stored wheel, checked against the original's RECORD, replaces it
-    xz = core.with_name(core.name + ".stored.xz").replace(core.with_name(core.name + ".xz"))
+    if xz:
+        print(f"+ repack {core.name} uncompressed and xz it", flush=True)
+        fields = repack_wheel(core, core.with_name(core.name + ".stored"), preset)
+        core.unlink()  # the stored wheel, checked against the original's RECORD, replaces it
+        carried = core.with_name(core.name + ".stored.xz").replace(core.with_name(core.name + ".xz"))
+    else:
+        verify_wheel_record(core)
+        fields = {"bytes": core.stat().st_size, "sha256": _sha256(core), "packing": None}
+        carried = core
     budget = call_bytes - tree_bytes - MARGIN_BYTES * call_bytes // CALL_BYTES
     first = budget - sum(f["bytes"] for f in files) - 16 * 1024  # the manifest travels with them
     if first < budget // 8:
         raise SystemExit(f"the small files and the working tree ({tree_bytes} bytes) leave too little room for a "
                          f"piece in a {call_bytes}-byte call.")
-    pieces = split_file(xz, budget, first_piece_bytes=first)
+    pieces = split_file(carried, budget, first_piece_bytes=first)
     for call, piece in enumerate(pieces, start=1):
         piece["call"] = call  # piece k travels with call k; the last call also installs and runs
     files.append({"name": f"{CORE}/{core.name}", **fields, "pieces": pieces})
@@ -724,7 +736,7 @@ def preflight(directory: Path) -> str:
 
 #: ``(name, seconds allowed)`` of every step. The first call builds while the pieces arrive;
 #: the last one installs, gates and runs. Each call's steps sum to at most CALL_SECONDS.
-STEP_SECONDS = {"preflight": 60, "verify": 30, "build": 420, "install": 90, "gate": 60, "check": 150,
+STEP_SECONDS = {"preflight": 30, "verify": 20, "build": 300, "install": 60, "gate": 45, "check": 150,
                 "bench-single": 90, "bench-emulated": 120}
 FIRST_STEPS = ("preflight", "verify", "build")
 LAST_STEPS = ("verify", "install", "gate", "check", "bench-single", "bench-emulated")
@@ -978,6 +990,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--cuda", type=int, choices=(12, 13), default=13)
     b.add_argument("--python-version", default="3.12", choices=("3.11", "3.12"))
     b.add_argument("--clean", action="store_true", help="empty DIR first (only if it holds a bundle)")
+    b.add_argument("--xz", action="store_true", help="repack the core wheel uncompressed and xz it (saves little: its fat binary is already compressed)")
     b.add_argument("--dry-run", action="store_true")
     c = sub.add_parser("carry-plan", help="print the calls that carry a bundle to a machine taking 64 MiB per call")
     c.add_argument("--bundle", type=Path, default=Path("gpu-bundle"))
@@ -1009,7 +1022,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.cmd == "cudnn-include":
         print(cudnn_include_dir())
     elif args.cmd == "bundle":
-        for cmd in bundle(args.dir, args.cuda, args.python_version, dry_run=args.dry_run, clean=args.clean):
+        for cmd in bundle(args.dir, args.cuda, args.python_version, dry_run=args.dry_run, clean=args.clean, xz=args.xz):
             if args.dry_run:
                 print("+", _shell(cmd))
     elif args.cmd == "carry-plan":
