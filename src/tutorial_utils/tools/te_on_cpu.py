@@ -611,6 +611,22 @@ def _parse_runner_args(argv):
     return ns
 
 
+def simulate_cpu_devices(n: int) -> None:
+    """Make JAX start a CPU backend with ``n`` devices; call before the first JAX computation.
+
+    Why both the environment and the config: a process JAX has not imported yet reads
+    ``XLA_FLAGS``/``JAX_PLATFORMS`` (and passes them to processes it starts); one that has
+    imported it (this package imports JAX) reads the config.
+    """
+    import jax
+
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", n)
+
+
 def main(argv=None) -> int:
     """``python -m tutorial_utils.tools.te_on_cpu [--devices N] script.py [args...]``.
 
@@ -621,13 +637,7 @@ def main(argv=None) -> int:
     import runpy
 
     ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={ns.devices}"])
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")  # in case jax was imported before the variable was set
-    jax.config.update("jax_num_cpu_devices", ns.devices)
+    simulate_cpu_devices(ns.devices)
     # the importable module, not this __main__ copy, so that its state is the one everybody sees
     runtime = importlib.import_module("tutorial_utils.tools.te_on_cpu")
     te_jax = runtime.install()
