@@ -457,6 +457,12 @@ def bundle_requirements(cuda: int) -> List[Tuple[str, bool]]:
 
 
 SIMPLE_INDEX = "https://pypi.org/simple"
+#: The wheel platforms of a Linux x86_64 node with glibc >= 2.28; pip matches each tag exactly.
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def _platform_args() -> List[str]:
+    return [arg for tag in PLATFORMS for arg in ("--platform", tag)]
 
 
 def sdist_link(index_html: str, project: str, version: str) -> Tuple[str, str]:
@@ -518,9 +524,7 @@ def bundle(directory: Path, cuda: int, python_version: str = "3.12", dry_run: bo
             continue
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(directory / BASE), req]
         if binary:
-            cmd += ["--only-binary=:all:", "--python-version", python_version, "--platform", "manylinux_2_28_x86_64",
-                    "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
-                    "--platform", "manylinux2014_x86_64"]
+            cmd += ["--only-binary=:all:", "--python-version", python_version, *_platform_args()]
         commands.append(cmd)
     if dry_run:
         return commands
@@ -962,9 +966,8 @@ def rehearse(plan: List[dict], bundle_dir: Path, device: Path, python_version: s
     files = join_pieces(there)
     print(f"reassembled and checked: {[f.name for f in files if f.suffix == '.whl' and 'cu1' in f.name]}")
     wheels, _sdist = _bundle_files(there)
-    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--target",
-           str(device / "target"), "--python-version", python_version, "--platform", "manylinux_2_28_x86_64",
-           "--only-binary=:all:"]
+    pip = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--no-index", "--target",
+           str(device / "target"), "--python-version", python_version, *_platform_args(), "--only-binary=:all:"]
     _run(pip + ["--no-deps", *map(str, wheels)])  # the exact files the install step installs fit the node
     if list((there / BASE).glob("pydantic-*.whl")):  # the pins resolve among themselves, offline
         _run(pip + ["--find-links", str(there / BASE), f"pydantic=={PINS['pydantic']}"])
