@@ -1,5 +1,8 @@
 """The small LM: shapes, RoPE, order-independent loss, training, and CP against one device.
 
+Chapter 7's comparison (the parameter update relative to its size) is checked both ways: a
+correct CP run passes it and a deliberately broken one (positions not reordered) fails it.
+
 The comparisons run in fp32 with the reference backend (conftest), so they measure the
 model's own bookkeeping: a striped batch gives the natural-order loss and gradients both on
 one device and on a (dp, cp) mesh with Ring and AllGather. One test repeats the mesh
@@ -28,6 +31,7 @@ from tutorial_utils.te.sharding import MeshResource
 
 ROOT = Path(__file__).resolve().parents[1]
 FP32 = 2e-5  # fp32 tolerance of the project's CP tests
+UPDATE_FP32 = 1e-3  # chapter 7's float32 tolerance on the relative update difference
 CONFIG = model.ModelConfig(d_model=32, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
                            max_segments_per_seq=4, window_size=(16, 0), dtype=jnp.float32)
 
@@ -183,3 +187,62 @@ def test_cp_on_a_mesh_matches_one_device_with_te_code_on_cpu():
     assert result["backend"].startswith("TransformerEngine 2.20.2 (its JAX code")
     for name in ("ring", "allgather"):
         assert result[name]["loss"] <= FP32 and result[name]["grads"] <= FP32, (name, result[name])
+
+
+OPTIMIZER = optax.adamw(3e-3)
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_train_step(attn, mesh_shape):
+    mesh = Mesh(np.asarray(jax.devices()[:int(np.prod(mesh_shape))]).reshape(mesh_shape), ("dp", "cp"))
+    rows, replicated = NamedSharding(mesh, P("dp", "cp")), NamedSharding(mesh, P())
+    step = jax.jit(model.make_train_step(CONFIG, OPTIMIZER, attn), in_shardings=(replicated, replicated) + (rows,) * 5,
+                   out_shardings=replicated)
+    return mesh, step
+
+
+def _train(batches, attn, mesh_shape):
+    """Chapter 7's loop: parameters placed on the mesh, one compiled step for every batch."""
+    mesh, step = _sharded_train_step(attn, mesh_shape)
+    params = model.init_params(CONFIG, jax.random.PRNGKey(0))
+    params, state = jax.device_put((params, OPTIMIZER.init(params)), NamedSharding(mesh, P()))  # one compile
+    with jax.set_mesh(mesh), te.autocast(mesh_resource=MeshResource(dp_resource="dp", cp_resource="cp")):
+        for b in batches:
+            params, state, _ = step(params, state, *b.arrays())
+    return jax.device_get(params)
+
+
+def test_relative_update_difference_measures_the_update_not_the_weights():
+    init = {"w": np.zeros(4), "b": np.ones(2)}
+    ref = {"w": np.full(4, 0.1), "b": np.ones(2)}              # ||update|| = 0.2
+    other = {"w": np.array([0.1, 0.1, 0.1, 0.0]), "b": np.ones(2)}
+    assert model.relative_update_difference(init, ref, ref) == 0.0
+    assert model.relative_update_difference(init, ref, other) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="reference equals init"):
+        model.relative_update_difference(init, init, other)
+    with pytest.raises(ValueError, match="parameter trees of one model"):
+        model.relative_update_difference(init, ref, {"w": np.zeros(4)})
+
+
+def test_a_broken_cp_run_fails_the_update_comparison_that_a_correct_one_passes():
+    """Ring on (dp=2, cp=2), 3 AdamW steps on paragraph-packed rows with padding and a window (16)
+    shorter than most segments. Striping every array but the positions (check bypassed) must land
+    far outside the tolerance that the correctly striped run meets."""
+    batches = text_data.make_batches(text_data.load_documents(30), 3, batch=2, seq_len=64, max_segments_per_seq=4,
+                                     segment_len=24, align=4, by_paragraph=True)
+    ids = np.concatenate([b.segment_ids for b in batches])
+    lengths = [np.sum(row == s) for row in ids for s in range(1, row.max() + 1)]
+    assert (ids == 0).any() and np.mean(np.array(lengths) > CONFIG.window_size[0]) > 0.5 and len(set(lengths)) > 3
+    striped = [text_data.reorder_for_cp(b, cp_size=2, stripe_size=1, strategy="ring", window_size=CONFIG.window_size)
+               for b in batches]
+    broken = [dataclasses.replace(s, segment_pos=b.segment_pos) for s, b in zip(striped, batches)]
+    with pytest.raises(ValueError, match=r"undoing the reorder for cp_size=2, stripe_size=1 does not give a packed"):
+        text_data.check_batch_for_mesh(broken[0], cp_size=2, stripe_size=1)
+    ring = model.AttentionSharding(CPStrategy.RING, 1)
+    init = model.init_params(CONFIG, jax.random.PRNGKey(0))
+    one = _train(batches, model.NO_CP, (1, 1))
+    good = model.relative_update_difference(init, one, _train(striped, ring, (2, 2)))
+    bad = model.relative_update_difference(init, one, _train(broken, ring, (2, 2)))  # same compiled step
+    print(f"relative update difference: correct Ring {good:.2e}, positions not reordered {bad:.2e}")
+    assert good <= UPDATE_FP32
+    assert bad > 10 * UPDATE_FP32
