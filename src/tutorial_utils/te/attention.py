@@ -258,7 +258,12 @@ if REAL_TE is not None:
         arrays = (qkv, bias, sequence_descriptor, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors)
         if cp_size > 1:
             check_placement(_sequence_arrays(qkv, sequence_descriptor), cp_axis=cp_axis, cp_size=cp_size)
-            return _te_cp_call(tuple(sorted(static.items(), key=lambda kv: kv[0])), cp_axis, batch_axes(mesh))(*arrays)
+            key = tuple(sorted(static.items(), key=lambda kv: kv[0]))
+            try:
+                call = _te_cp_call(key, cp_axis, batch_axes(mesh))
+            except TypeError:  # an unhashable static argument (e.g. window_size as a list): no cache
+                call = _te_cp_call.__wrapped__(key, cp_axis, batch_axes(mesh))
+            return call(*arrays)
         return _call_te(static, *arrays)
 
     def _sequence_arrays(qkv, desc):
