@@ -936,7 +936,10 @@ def print_plan(plan: List[dict], tree: Tuple[int, int]) -> List[str]:
             problems.append(f"call {item['call']} may run {item['seconds']} s > {CALL_SECONDS} s.")
         if len(item["carry"]) > 8:
             problems.append(f"call {item['call']} names {len(item['carry'])} paths; a call carries at most 8.")
-    print(f"\n{len(plan)} calls; records come back under $OUT/results/: copy them into results/.")
+    total = sum(item["seconds"] for item in plan)
+    print(f"\n{len(plan)} calls, their limits summing to {total} s of command time (ceilings: a lent machine's "
+          "start and transfers count too, and the benchmarks run last); records come back under $OUT/results/: "
+          "copy them into results/.")
     for p in problems:
         print("PROBLEM:", p)
     return problems
