@@ -444,3 +444,9 @@ def test_gpu_page_covers_both_cudas_both_pythons_and_cudnn_headers():
                    "carry-plan", "--python-version 3.11", "--cuda 12"):
         assert needle in text, needle
     assert "never run" not in text or "make gpu-run" in text
+
+
+def test_gpu_page_states_the_step_limits_the_code_uses():
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    stated = {name: int(sec) for name, sec in re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, flags=re.M)}
+    assert stated == G.STEP_SECONDS
