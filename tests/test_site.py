@@ -545,3 +545,26 @@ def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
         if missing:
             problems[rel] = [f"the box lacks {m!r}" for m in missing]
     assert not problems, "pages without the generated run-status box:\n" + _format(problems)
+
+
+def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
+    """docs/recipes: every examples/*.py in full (literalinclude) and the output its run printed at build time."""
+    import re
+
+    res = crawl.pages.get("docs/recipes.html")
+    assert res is not None, "docs/recipes.html was not crawled"
+    recipes = sorted((ROOT / "examples").glob("*.py"))
+    assert recipes
+    for path in recipes:
+        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        missing = [line for line in lines if line not in res.text]
+        assert not missing, f"{path.name}: {len(missing)} of its lines are not on the page, e.g. {missing[:2]}"
+    banners = re.findall(r"te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 .* on (\d+) simulated CPU devices", res.text)
+    if not banners:  # a GPU build runs the recipes directly: their result lines still name the device count
+        assert "cp=" in res.text
+    else:
+        assert len(banners) == len(recipes) and set(banners) == {"4"}, banners  # one per recipe run
+    for says in ("THD Ring, cp=4", "THD AllGather, cp=4, stripe=4", "Flax DotProductAttention, Ring, cp=4",
+                 "reorder-once iterator, Ring, cp=4", "4 processes, THD Ring over 4 devices", "max |CP - one device|",
+                 "AllGather THD through the Flax layer", "check_layout: examples/packed_batch.npz", "verdict:"):
+        assert says in res.text, f"the recipes page lacks {says!r}"
