@@ -338,3 +338,17 @@ def test_numpy_inputs_behave_as_under_jit():
     out = context_parallel_attention(q, k, v, IDS, POS, mesh=mesh, scaling_factor=0.5)
     ref, _ = dense_attention(q, k, v, IDS, IDS, POS, POS, scale=0.5, spec=MaskSpec(window=(-1, 0)))
     np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def test_setup_devices_keeps_a_device_count_the_caller_chose(monkeypatch):
+    """A 1-, 2- or 8-device run sets XLA_FLAGS itself; a chapter's setup_devices(4) keeps it. Without
+    such a flag, asking for more devices than an already started JAX has is still an error."""
+    import jax
+
+    have = len(jax.devices())
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={have}")
+    setup_devices(have + 4)
+    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count={have}"
+    monkeypatch.delenv("XLA_FLAGS")
+    with pytest.raises(RuntimeError, match=rf"sees {have} CPU device\(s\), not {have + 4}"):
+        setup_devices(have + 4)

@@ -25,17 +25,20 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
     """Give JAX ``num_cpu_devices`` simulated CPU devices unless a GPU is present.
 
     Must run before the first ``import jax``; raises if JAX is already initialised with
-    fewer devices, because silently running CP on one device would teach nothing.
+    fewer devices, because silently running CP on one device would teach nothing. A device
+    count already set in ``XLA_FLAGS`` is the caller's choice (a 1-, 2- or 8-device run) and
+    is kept; each page then says what it can do with that many.
     """
     if not isinstance(num_cpu_devices, int) or num_cpu_devices < 1:
         raise ValueError(f"num_cpu_devices must be a positive int, got {num_cpu_devices!r}.")
     if gpu_present():
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    if _FLAG not in flags:
+    chosen = _FLAG in flags  # the caller fixed the device count (e.g. a 1-, 2- or 8-device run): keep it
+    if not chosen:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={num_cpu_devices}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if "jax" in sys.modules:
+    if "jax" in sys.modules and not chosen:
         import jax
 
         have = len(jax.devices())
