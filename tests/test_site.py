@@ -84,6 +84,7 @@ CHAPTERS = [
     "notebooks/05b_te_cp_runs",
     "notebooks/06_when_does_cp_pay_off",
     "notebooks/07_cp_in_a_model",
+    "notebooks/08_te_flax_layer",
 ]
 
 
