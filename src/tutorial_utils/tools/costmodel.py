@@ -193,6 +193,18 @@ def _bisect(f, lo, hi, iters=200):
 CP_LOSS_FORMS = ("proportional", "constant")
 
 
+def _golden_min(f, lo, hi, iters=120):
+    """Minimum of a unimodal function on [lo, hi] (golden-section search)."""
+    gr = (math.sqrt(5) - 1) / 2
+    for _ in range(iters):
+        a, b = hi - gr * (hi - lo), lo + gr * (hi - lo)
+        if f(a) < f(b):
+            hi = b
+        else:
+            lo = a
+    return 0.5 * (lo + hi)
+
+
 @functools.lru_cache(maxsize=8)
 def fit_calibration(tile=DEFAULT_TILE, cp_loss: str = "proportional") -> Calibration:
     """Fit ``eta`` on TE's single-GB200 time and the CP factors on its Ring and AllGather times.
@@ -237,15 +249,7 @@ def fit_calibration(tile=DEFAULT_TILE, cp_loss: str = "proportional") -> Calibra
         return sum((math.log(_raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, c, cp))
                     - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
 
-    lo, hi = 0.05, 3.0
-    gr = (math.sqrt(5) - 1) / 2
-    for _ in range(120):  # golden-section search
-        a, b = hi - gr * (hi - lo), lo + gr * (hi - lo)
-        if sse(a) < sse(b):
-            hi = b
-        else:
-            lo = a
-    shared = 0.5 * (lo + hi)
+    shared = _golden_min(sse, 0.05, 3.0)
     shared_cal = dataclasses.replace(base, cp_factor={"ring": shared, "allgather": shared})
     shared_res = {s: _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, shared_cal, cp)
                   / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
@@ -282,15 +286,7 @@ def _fit_constant_loss(prop: Calibration) -> Calibration:
     def sse(c):
         return sum((math.log(raw(s, c)) - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
 
-    lo, hi = 0.0, max(PUBLISHED_GB200[s]["mean_ms"] for s in ("ring", "allgather"))
-    gr = (math.sqrt(5) - 1) / 2
-    for _ in range(120):  # golden-section search
-        a, b = hi - gr * (hi - lo), lo + gr * (hi - lo)
-        if sse(a) < sse(b):
-            hi = b
-        else:
-            lo = a
-    shared = 0.5 * (lo + hi)
+    shared = _golden_min(sse, 0.0, max(PUBLISHED_GB200[s]["mean_ms"] for s in ("ring", "allgather")))
     shared_res = {s: raw(s, shared) / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
     losses["ulysses"] = shared
     fitted_on["cp_loss_ms[ulysses]"] = "not measured: the shared constant (least squares on both CP times) is reused"
