@@ -548,6 +548,23 @@ def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
     assert not problems, "pages without the generated run-status box:\n" + _format(problems)
 
 
+def test_support_matrix_page_shows_the_record(crawl):
+    """docs/support_matrix: the executed table of TE's verdicts, its backend line, and refusals linked to rules."""
+    from tutorial_utils.tools import support_matrix as sm
+
+    res = crawl.pages.get("docs/support_matrix.html")
+    assert res is not None, "docs/support_matrix.html was not crawled"
+    record = json.loads(sm.DEFAULT_OUT.read_text(encoding="utf-8"))
+    assert "Backend:" in res.text and f"cp = {record['hardware']['cp_size']}" in res.text
+    for label in record["columns"].values():
+        assert label in res.text, f"the matrix lacks the column {label!r}"
+    for row in record["rows"]:
+        assert row["label"] in res.text, f"the matrix lacks the row {row['label']!r}"
+    refused = [c for row in record["rows"] for c in row["cells"].values() if c["verdict"] == "refused"]
+    if refused:
+        assert any("faq.html#" in link["url"] for link in res.links), "refusals are not linked to the FAQ"
+
+
 def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
     """docs/recipes: every examples/*.py in full (literalinclude) and the output its run printed at build time."""
     import re

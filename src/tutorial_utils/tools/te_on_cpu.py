@@ -454,8 +454,9 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     tout, tdout = _as_tokens(output, ragged), _as_tokens(doutput, ragged)
     dbias = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     if bias_arr is not None:
-        def f(q_, k_, v_, bias_, sink_):
-            return dense_attention(q_, k_, v_, *ranges, scale=scale, spec=spec, sink=sink_, bias=bias_)[0]
+        def f(q_, k_, v_, bias_, sink_):  # vanilla softmax has no sink: a zero one would add exp(0) to each row
+            return dense_attention(q_, k_, v_, *ranges, scale=scale, spec=spec, sink=None if sink is None else sink_,
+                                   bias=bias_)[0]
         sink_in = jnp.zeros((hq,), jnp.float32) if sink is None else sink
         _, vjp = jax.vjp(f, tq, tk, tv, bias_arr.astype(jnp.float32), sink_in)
         dq, dk, dv, dbias_f, dsink = vjp(tdout.astype(tq.dtype))
