@@ -72,4 +72,5 @@ with jax.set_mesh(mesh), te.autocast(mesh_resource=MeshResource(cp_resource="cp"
         print("AllGather THD through the Flax layer ran")
     except Exception as e:  # noqa: BLE001 - printing TE's own error is the point
         te_error = [line for line in str(e).splitlines() if line.startswith(("ValueError", "AssertionError"))]
-        print(f"AllGather THD through the Flax layer: {type(e).__name__} from TE's partitioner: {te_error[-1:]}")
+        print(f"AllGather THD through the Flax layer: {type(e).__name__} from TE's partitioner:",
+              te_error[-1] if te_error else str(e)[:300])
