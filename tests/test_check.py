@@ -103,6 +103,19 @@ def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
     assert C.simulate_cpu_devices(4) is None  # GPUs: nothing simulated
 
 
+def test_simulated_devices_reach_jax_although_the_package_imports_it():
+    """``import tutorial_utils`` imports JAX without starting it; the CLI's set-up must still give 4 devices."""
+    code = ("import sys, tutorial_utils.tools.check as C; assert 'jax' in sys.modules; "
+            "from tutorial_utils.gpu import jax_started; assert not jax_started(); "
+            "C.simulate_cpu_devices(None); import jax; print(len(jax.devices()), jax_started())")
+    env = _env()
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_PLATFORMS", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["4", "True"]
+
+
 def test_tolerances_are_te_s():
     import jax.numpy as jnp
 

@@ -12,7 +12,23 @@ import shutil
 import subprocess
 import sys
 
-__all__ = ["gpu_present"]
+__all__ = ["gpu_present", "jax_started"]
+
+
+def jax_started() -> bool:
+    """True once JAX has created its backends; importing JAX alone does not start them.
+
+    Why: XLA reads the simulated-device flag when the backends start, not at ``import jax``,
+    and this package imports JAX, so "is JAX imported?" is the wrong question for device set-up.
+    """
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:  # noqa: BLE001 - private API moved: assume started (the answer that never simulates late)
+        return True
 
 
 def _cuda_plugin_installed() -> bool:
@@ -29,14 +45,14 @@ def _cuda_plugin_installed() -> bool:
 
 
 def gpu_present() -> bool:
-    """True when an NVIDIA GPU is visible: to JAX if it is already running, else to the driver.
+    """True when an NVIDIA GPU is visible: to JAX if its backends are already running, else to the driver.
 
     Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
     or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
     """
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
-    if "jax" in sys.modules:
+    if jax_started():  # asking a JAX that has not started would start it, before any device set-up
         import jax
 
         try:

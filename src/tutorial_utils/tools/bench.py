@@ -859,6 +859,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
     from .cli_types import record_file
+    from ..gpu import jax_started
     from .runtime import gpu_present
 
     try:  # before any work: a bad --out/--name must not cost a whole benchmark
@@ -868,7 +869,7 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
 
     emulate = args.emulate_ranks is not None
     # Before JAX starts: simulated CPU devices for a real multi-device CP run on a machine without GPUs.
-    if not emulate and not gpu_present() and "jax" not in sys.modules:
+    if not emulate and not gpu_present() and not jax_started():
         from .runtime import setup_devices
         from .workload import get_workload
 

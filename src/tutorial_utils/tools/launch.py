@@ -111,15 +111,6 @@ def _fail_fast_hook(exc_type, exc, tb):
     os._exit(1)
 
 
-def _backends_initialized() -> bool:
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except Exception:  # noqa: BLE001 - private API moved: assume not
-        return False
-
-
 def initialize(*, coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
                process_id: Optional[int] = None, local_device_ids: Optional[Sequence[int]] = None,
                initialization_timeout: Optional[int] = None, heartbeat_timeout: Optional[int] = None,
@@ -184,7 +175,9 @@ def initialize(*, coordinator_address: Optional[str] = None, num_processes: Opti
     if not explicit and cluster is None:
         info.update(local_devices=[str(d) for d in jax.local_devices()], global_devices=[str(d) for d in jax.devices()])
         return info
-    if _backends_initialized():
+    from ..gpu import jax_started
+
+    if jax_started():
         raise RuntimeError("tutorial_utils.tools.launch.initialize() must run before any JAX computation (JAX's backends are "
                            "already initialised in this process); call it first thing in the worker.")
     if platform == "cpu":
