@@ -360,3 +360,18 @@ def test_compact_table_fits_a_page_and_keeps_the_deciding_columns(seed_gb200):
         assert any(line.split()[:2] == [r["strategy"], str(r["stripe_size"] or "-")] for line in lines)
     cli = _cli("--preset", "seed", "--compact").stdout
     assert cli.rstrip("\n") == text
+
+
+def test_break_even_table_gives_a_range_across_both_fits():
+    """One row, two windows: the break-even under each reading of TE's times, never 'from window 0'."""
+    from tutorial_utils.tools.plan import break_even_table
+
+    text = break_even_table("seed", [("allgather", 128)], windows=[16, 8192])
+    header, _, row = text.splitlines()[2:5]
+    assert "CP loss a fraction of compute" in header and "CP loss a constant (ms)" in header
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "allgather stripe 128" and cells[1] == "every window tested (>= 16)"
+    assert int(cells[2].replace(",", "")) > 16                      # the constant-loss fit needs a wider window
+    assert "window 0" not in text and text.startswith("**Model prediction**")
+    with pytest.raises(ValueError, match="windows is empty"):
+        break_even_table("seed", [("ring", 1)], windows=[])

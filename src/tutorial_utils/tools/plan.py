@@ -30,11 +30,13 @@ import sys
 import textwrap
 from typing import List, Optional, Sequence
 
-from .costmodel import fit_calibration, memory_bytes, predict_all, predict_single
+from .costmodel import (CP_LOSS_FORMS, break_even_window, fit_calibration, memory_bytes, predict, predict_all,
+                        predict_single)
 from .hardware import PROFILES, get_hardware
 from .workload import PRESETS, Workload, get_workload
 
-__all__ = ["plan", "format_table", "main", "DEFAULT_STRIPES", "build_workload", "PADDING_WARN_FRACTION"]
+__all__ = ["plan", "format_table", "main", "DEFAULT_STRIPES", "build_workload", "PADDING_WARN_FRACTION",
+           "break_even_table"]
 
 DEFAULT_STRIPES = (1, 64, 128, 256, 512, 1024)
 
@@ -220,6 +222,53 @@ def plan(workload, *, hardware="GB200", stripes: Sequence[int] = DEFAULT_STRIPES
         "warnings": warnings,
         "calibration": cal.as_dict(),
     }
+
+
+#: How the break-even table names the two readings of TE's times (:func:`~.costmodel.fit_calibration`).
+FIT_NAMES = {"proportional": "CP loss a fraction of compute", "constant": "CP loss a constant (ms)"}
+
+
+def break_even_table(workload, cases, *, windows, hardware="GB200") -> str:
+    """Markdown: per strategy, the break-even window under each fit and the speedups at the ends.
+
+    Why: TE's three published times fit two readings equally well (the CP loss a fraction of
+    the compute, or a constant in ms), which part at narrow windows. A break-even from one
+    of them alone claims more than the times support; the table gives the range. Only the
+    ``windows`` are tested: CP winning at the narrowest reads "every window tested (>= w)".
+    Speedups are given at the narrowest window and as a range over the windows from the
+    workload's own window up, each as "first fit / second fit". A model prediction.
+    """
+    windows = sorted(int(w) for w in windows)
+    if not windows:
+        raise ValueError("windows is empty; pass the windows to test, e.g. [16, 32, ..., 16384].")
+    wl = get_workload(workload) if isinstance(workload, str) else workload
+    fits = {FIT_NAMES[form]: fit_calibration(cp_loss=form) for form in CP_LOSS_FORMS}
+    wide = [w for w in windows if w >= wl.window[0]] or windows[-1:]
+
+    def speedup(w, strategy, stripe, cal):
+        return predict(wl.replace(window=(w, 0)), strategy, stripe_size=stripe, hardware=hardware,
+                       calibration=cal).speedup
+
+    def found(strategy, stripe, cal):
+        w = break_even_window(wl, strategy, stripe_size=stripe, hardware=hardware, calibration=cal,
+                              min_window=windows[0])
+        return "never" if w is None else (f"every window tested (>= {windows[0]:,})" if w == windows[0] else f"{w:,}")
+
+    rows = []
+    for strategy, stripe in cases:
+        name = strategy + ("" if stripe is None else f" stripe {stripe}")
+        narrow = " / ".join(f"{speedup(windows[0], strategy, stripe, c):.2f}x" for c in fits.values())
+        ranges = []
+        for c in fits.values():
+            sp = [speedup(w, strategy, stripe, c) for w in wide]
+            ranges.append(f"{min(sp):.2f}-{max(sp):.2f}x")
+        rows.append(f"| {name} | " + " | ".join(found(strategy, stripe, c) for c in fits.values())
+                    + f" | {narrow} | {' / '.join(ranges)} |")
+    hw = hardware if isinstance(hardware, str) else get_hardware(hardware).name
+    return (f"**Model prediction** ({wl.name} shape, {wl.cp_size} x {hw}): "
+            "CP beats one GPU from window ...\n\n"
+            "| strategy | " + " | ".join(fits) + f" | speedup at window {windows[0]:,} (both fits) "
+            f"| speedup at windows {wide[0]:,}-{wide[-1]:,} (both fits) |\n|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def _ms(x: float) -> str:
