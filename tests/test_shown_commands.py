@@ -402,6 +402,14 @@ HANDLED: Dict[str, object] = {
                                                                                     "--python-version 3.11")),
     "make gpu-carry-plan": MakeDry("plans carrying a bundle to a GPU node", ("carry-plan",)),
     "python -m tutorial_utils.tools.gpu_setup carry-plan --dry-run": Parse("plans carrying a bundle to a GPU node"),
+    # ---- docs/recipes.md
+    "python -m tutorial_utils.tools.te_on_cpu --devices 4 examples/thd_ring.py": Run(
+        "as typed: the unmodified TE recipe on TE-on-CPU, 4 simulated devices", timeout=500,
+        check=lambda proc, tmp: {} if proc.stdout.startswith("te_on_cpu: examples/thd_ring.py runs TransformerEngine")
+        else pytest.fail(proc.stdout[-2000:])),
+    "python -m tutorial_utils.tools.check_layout examples/packed_batch.npz --cp 4 --strategy allgather --stripe 128 "
+    "--window 256": Run("as typed: the shipped sample batch", timeout=400,
+                        check=lambda proc, tmp: {} if "OK" in proc.stdout else pytest.fail(proc.stdout[-2000:])),
 }
 
 _ALTERNATIVES = {  # a usage line with alternatives: each alternative, with what its parser needs
