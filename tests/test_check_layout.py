@@ -118,8 +118,8 @@ def test_verdict_equals_runtime_truth(data, config):
 
 def test_property_test_saw_both_verdicts():
     """Run after the property test (same module, file order): a test that only ever sees 'ok' proves nothing."""
-    if sum(_SEEN.values()) < EXAMPLES:
-        pytest.skip("the property test did not run in this process")
+    if not _SEEN:
+        pytest.skip("the property test did not run in this process (e.g. deselected)")
     assert any(v == "ok" for _, _, v in _SEEN) and any(v == "wrong" for _, _, v in _SEEN), _SEEN
     print(f"check_layout verdicts: {_SEEN}")
 
