@@ -6,7 +6,8 @@ first line of the error raised.
 
 * ``placement``: AllGather, cp=4, one 16-token row (a 5-token segment in an 8-token slot whose
   padding positions keep counting, then a 6-token segment restarting at 0), stripes 1 and 2:
-  eager on plain arrays, eager on arrays placed on the mesh, and jitted without shardings.
+  eager on plain arrays (both stripes); at stripe 2 also eager on arrays placed on the mesh, and
+  jitted without shardings.
 * ``dout``: a training step's gradients (loss = sum(out * w) for a random w, so dO differs per
   token) with the striped reorder inside the jitted step, AllGather stripe 2 on 4 and 8 devices.
 """
@@ -69,8 +70,10 @@ def placement_cases():
         back = lambda x: te_alone.inverse_reorder_causal_load_balancing(x, te_alone.ReorderStrategy.Striped, cp, 1, stripe)  # noqa: E731
         plain = [ro(x).astype(jnp.bfloat16) for x in (q, k, v)] + [ro(ids), ro(pos)]
         placed = [jax.device_put(x, NamedSharding(mesh, P(None, "cp"))) for x in plain]
-        for mode, arrays in (("eager, plain arrays", plain), ("eager, placed on the mesh", placed),
-                             ("jit without shardings", plain)):
+        modes = [("eager, plain arrays", plain)]  # stripe 1: the headline fault only (CI time)
+        if stripe > 1:
+            modes += [("eager, placed on the mesh", placed), ("jit without shardings", plain)]
+        for mode, arrays in modes:
             for name, api in (("te_alone", te_alone), ("facade", facade)):
                 def f(q, k, v, i, p, api=api):
                     return call(api, (q, k, v), i, p, stripe, 2)

@@ -36,14 +36,14 @@ def test_unplaced_eager_call_is_wrong_alone_and_refused_by_the_facade(report, st
     assert "over the context-parallel axis 'cp'" in refused and "jax.device_put(x, NamedSharding(mesh, P(None, 'cp')))" in refused
 
 
-@pytest.mark.parametrize("stripe", [1, 2])
+@pytest.mark.parametrize("stripe", [2])
 def test_placed_eager_call_is_wrong_alone_and_right_through_the_facade(report, stripe):
     rows, tol = report["placement"], report["tolerance"]
     assert rows[f"stripe {stripe}, eager, placed on the mesh, te_alone"]["max_error"] > 1.0
     assert rows[f"stripe {stripe}, eager, placed on the mesh, facade"]["max_error"] < tol
 
 
-@pytest.mark.parametrize("stripe", [1, 2])
+@pytest.mark.parametrize("stripe", [2])
 def test_jit_without_shardings_gets_a_clear_error_instead_of_a_bare_assertion(report, stripe):
     rows = report["placement"]
     assert rows[f"stripe {stripe}, jit without shardings, te_alone"]["error"].startswith(
