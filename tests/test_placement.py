@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # one TE-on-CPU subprocess, about a minute of CPU: make test runs it, test-fast not
 
 
 @pytest.fixture(scope="module")
