@@ -450,3 +450,17 @@ def test_gpu_page_states_the_step_limits_the_code_uses():
     text = (ROOT / "docs" / "gpu.md").read_text()
     stated = {name: int(sec) for name, sec in re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, flags=re.M)}
     assert stated == G.STEP_SECONDS
+
+
+def test_the_facade_loads_pips_nccl_before_importing_real_te(monkeypatch):
+    """Finding 10 at the facade: ``tutorial_utils.te`` loads NCCL first, then imports TE."""
+    import importlib
+
+    from tutorial_utils.te import _backend
+    from tutorial_utils.tools import gpu_setup as gs
+
+    order = []
+    monkeypatch.setattr(gs, "preload_nccl", lambda *a, **k: order.append("nccl"))
+    monkeypatch.setattr(importlib, "import_module", lambda name: order.append(name) or name)
+    assert _backend._import_real_te() == "transformer_engine.jax"
+    assert order == ["nccl", "transformer_engine.jax"]

@@ -34,6 +34,11 @@ def _te_version(module) -> str:
 
 
 def _import_real_te():
+    # TE's libraries need libnccl.so.2 and carry no RPATH: load pip's NCCL first, so the import
+    # does not depend on JAX's CUDA plugin having loaded it already
+    from ..tools.gpu_setup import preload_nccl
+
+    preload_nccl()
     return importlib.import_module("transformer_engine.jax")
 
 
