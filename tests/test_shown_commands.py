@@ -567,7 +567,7 @@ def test_the_clone_runs_its_own_code(clone):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", UNIQUE)
+@pytest.mark.parametrize("command", UNIQUE, ids=[c if len(c) <= 90 else c[:87] + "..." for c in UNIQUE])
 def test_shown_command(command, clone, tmp_path):
     handler = handler_for(command)
     if handler is None:
