@@ -457,10 +457,9 @@ def test_the_facade_loads_pips_nccl_before_importing_real_te(monkeypatch):
     import importlib
 
     from tutorial_utils.te import _backend
-    from tutorial_utils.tools import gpu_setup as gs
 
     order = []
-    monkeypatch.setattr(gs, "preload_nccl", lambda *a, **k: order.append("nccl"))
+    monkeypatch.setattr(_backend, "preload_nccl", lambda *a, **k: order.append("nccl"))
     monkeypatch.setattr(importlib, "import_module", lambda name: order.append(name) or name)
     assert _backend._import_real_te() == "transformer_engine.jax"
     assert order == ["nccl", "transformer_engine.jax"]

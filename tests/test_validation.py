@@ -302,7 +302,7 @@ def test_learnable_softmax_needs_offset():
 def test_dropout_with_training():
     with pytest.raises(ValueError, match=r"dropout_probability=0.1 with is_training=True"):
         _fused(dropout=0.1, training=True)
-    with pytest.raises(ValueError, match=r"dropout_probability=1.5 must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"dropout_probability=1.5 must be a float in \[0, 1\)"):
         _fused(dropout=1.5)
 
 

@@ -7,12 +7,16 @@ simulate CPU devices (XLA reads that flag once, at start-up) and whether
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
+from typing import List, Optional, Sequence
 
-__all__ = ["gpu_present", "jax_started"]
+__all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl"]
 
 
 def jax_started() -> bool:
@@ -69,3 +73,41 @@ def gpu_present() -> bool:
             pass
     has_node = any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
     return has_node and _cuda_plugin_installed()
+
+
+# ----------------------------------------------------------------------------- NCCL before TE
+
+
+def _site_dirs() -> List[str]:
+    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")] + [p for p in sys.path if p]
+    return list(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
+
+
+def _nvidia_dirs(sites: Optional[Sequence[str]]) -> List[Path]:
+    return [Path(s) / "nvidia" for s in (_site_dirs() if sites is None else sites) if (Path(s) / "nvidia").is_dir()]
+
+
+def nccl_library(sites: Optional[Sequence[str]] = None) -> Optional[Path]:
+    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib`` layout)."""
+    for nv in _nvidia_dirs(sites):
+        for sub in ("nccl", "cu13", "cu12"):
+            lib = nv / sub / "lib" / "libnccl.so.2"
+            if lib.is_file():
+                return lib
+    return None
+
+
+def preload_nccl(sites: Optional[Sequence[str]] = None) -> Optional[str]:
+    """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
+
+    Why: ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no
+    RPATH; they load only if NCCL is already in the process (JAX's CUDA plugin loads it when its
+    backend starts) or on the loader path. Call this before ``import transformer_engine.jax``.
+    Returns the path loaded, or ``None`` when pip's NCCL is not installed (a system NCCL on the
+    loader path then serves).
+    """
+    lib = nccl_library(sites)
+    if lib is None:
+        return None
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    return str(lib)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..gpu import gpu_present
+from ..gpu import gpu_present, preload_nccl
 
 _ENV = "TUTORIAL_TE_BACKEND"
 CHOICES = ("auto", "te", "te-cpu", "reference")
@@ -36,8 +36,6 @@ def _te_version(module) -> str:
 def _import_real_te():
     # TE's libraries need libnccl.so.2 and carry no RPATH: load pip's NCCL first, so the import
     # does not depend on JAX's CUDA plugin having loaded it already
-    from ..tools.gpu_setup import preload_nccl
-
     preload_nccl()
     return importlib.import_module("transformer_engine.jax")
 

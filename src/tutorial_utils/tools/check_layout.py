@@ -45,7 +45,7 @@ import numpy as np
 
 __all__ = ["Report", "load_batches", "check", "main", "TOLERANCE", "DEFAULT_HEAD_DIM", "REQUIRED_ARRAYS"]
 
-#: Max |difference| of float32 outputs that still counts as the same attention.
+#: Largest absolute difference of float32 outputs that still counts as the same attention.
 TOLERANCE = 2e-5
 DEFAULT_HEAD_DIM = 8
 REQUIRED_ARRAYS = ("segment_ids", "segment_pos")

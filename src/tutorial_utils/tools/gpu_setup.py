@@ -35,12 +35,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import time
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..gpu import _nvidia_dirs, _site_dirs, nccl_library, preload_nccl
 
 __all__ = ["MIN_CUDNN", "TE_VERSION", "CALL_BYTES", "CALL_SECONDS", "PINS", "cudnn_version", "check_cudnn",
            "cuda_major", "jax_cuda_majors", "cudnn_include_dir", "nccl_library", "preload_nccl", "library_env",
@@ -77,9 +78,6 @@ def _decode(v: int) -> Tuple[int, int, int]:
     return (major, *divmod(rest, 100))
 
 
-def _site_dirs() -> List[str]:
-    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")] + [p for p in sys.path if p]
-    return list(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
 
 
 def _cudnn_libraries() -> List[str]:
@@ -195,8 +193,6 @@ def cuda_major(nvcc_output: Optional[str] = None, jax_majors: Optional[Sequence[
                      "or CUDA_MAJOR=13.")
 
 
-def _nvidia_dirs(sites: Optional[Sequence[str]]) -> List[Path]:
-    return [Path(s) / "nvidia" for s in (_site_dirs() if sites is None else sites) if (Path(s) / "nvidia").is_dir()]
 
 
 def cudnn_include_dir(sites: Optional[Sequence[str]] = None) -> Path:
@@ -221,30 +217,8 @@ def cudnn_include_dir(sites: Optional[Sequence[str]] = None) -> Path:
                      "`pip install nvidia-cudnn-cu13` (or -cu12), which puts them in site-packages/nvidia/cudnn/include.")
 
 
-def nccl_library(sites: Optional[Sequence[str]] = None) -> Optional[Path]:
-    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib`` layout)."""
-    for nv in _nvidia_dirs(sites):
-        for sub in ("nccl", "cu13", "cu12"):
-            lib = nv / sub / "lib" / "libnccl.so.2"
-            if lib.is_file():
-                return lib
-    return None
 
 
-def preload_nccl(sites: Optional[Sequence[str]] = None) -> Optional[str]:
-    """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
-
-    Why: ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no
-    RPATH; they load only if NCCL is already in the process (JAX's CUDA plugin loads it when its
-    backend starts) or on the loader path. Call this before ``import transformer_engine.jax``.
-    Returns the path loaded, or ``None`` when pip's NCCL is not installed (a system NCCL on the
-    loader path then serves).
-    """
-    lib = nccl_library(sites)
-    if lib is None:
-        return None
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-    return str(lib)
 
 
 def library_env(env: Optional[Dict[str, str]] = None, sites: Optional[Sequence[str]] = None) -> Dict[str, str]:
