@@ -2,7 +2,7 @@
 
 import os
 
-# The tests' arrays are tiny and XLA's compile is most of their time (see _build_test/test-times.json):
+# The tests' arrays are tiny and XLA's compile is most of their time (see _build_test/test-times-py3.11.json):
 # they compile at XLA's lowest backend optimisation level, which cuts CPU compile time by about a
 # third. The site build and the benchmarks drop these flags and compile as a reader's run does.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -10,5 +10,5 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
-# per-test wall and JAX-compile times, written to _build_test/test-times.json (tests/time_table.py)
+# per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json (tests/time_table.py)
 pytest_plugins = ["time_table"]

@@ -7,7 +7,7 @@ spent tracing, lowering and compiling in the test's own process (from `jax.monit
 compile-duration events). Time spent in a subprocess (a notebook, a script, a launcher rank)
 counts as wall time only.
 
-On the controlling process it writes `_build_test/test-times.json` (per test and per file,
+On the controlling process it writes `_build_test/test-times-pyX.Y.json` (per test and per file,
 plus the session's wall time) and prints the ten slowest tests with their compile share.
 Works with and without pytest-xdist: workers attach their compile time to each report.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -113,7 +114,8 @@ class _TimeTable:
         if not self.tests:
             return
         table = self.table()
-        out = Path(self.config.rootpath) / "_build_test" / "test-times.json"
+        # one table per Python, so CI's two legs (3.11 and 3.12) do not overwrite each other's
+        out = Path(self.config.rootpath) / "_build_test" / f"test-times-py{sys.version_info[0]}.{sys.version_info[1]}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(table, indent=1) + "\n")
         tr = terminalreporter
