@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
+.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
@@ -14,6 +14,7 @@ help:
 	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
 	@echo "make bench-cpu - blockwise vs dense reference benchmark (CPU), writes results/"
+	@echo "make bench-kernel - the compiled CPU stand-in kernel vs the JAX one (CPU), writes results/"
 	@echo "make support-matrix - recompute TE 2.20.2's support matrix on TE's code (CPU), writes results/support_matrix/"
 	@echo "make gpu-setup - on a CUDA 12/13 node: JAX with CUDA, cuDNN >= 9.12 check, TE 2.20.2 built against that JAX"
 	@echo "make gpu-bundle- download and split the files of an offline TE install into gpu-bundle/"
@@ -74,6 +75,9 @@ lab: $(STAMP)
 
 bench-cpu: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=4 $(PY) benchmarks/bench_reference_cpu.py
+
+bench-kernel: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=4 $(PY) benchmarks/bench_cpu_kernel.py
 
 # Every cell runs TE's own fused_attn (forward + backward) on 8 simulated CPU devices: several minutes.
 support-matrix: $(STAMP)

@@ -43,6 +43,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import cpu_kernel
+
 __all__ = ["install", "installed", "allow_fp32", "STANDIN_NAME", "CUDNN_CONTRACT", "BACKEND_DESCRIPTION",
            "LSE_UNCOVERED"]
 
@@ -416,6 +418,8 @@ def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, 
     if pb.bias is not None:
         out, lse = dense_attention(*args, scale=scale, spec=spec, sink=sink, bias=pb.bias)
         mx = jnp.full(lse.shape, -jnp.inf, jnp.float32)
+    elif cpu_kernel.use_compiled():
+        out, lse, mx = cpu_kernel.attention_fwd(*pb.tokens, lo, hi, sink, scale=scale)
     else:
         out, lse, mx = blockwise_attention(*args, scale=scale, spec=spec, sink=sink, return_max_logit=True)
     out = out.reshape(b, sq, hq, -1).astype(avals_out[0].dtype)
@@ -466,8 +470,12 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     else:
         lse = (softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1) if ragged
                else softmax_aux.reshape(b, hq, sq))
-        dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec,
-                                               sink=sink)
+        if cpu_kernel.use_compiled():
+            dq, dk, dv, dsink = cpu_kernel.attention_bwd(tq, tk, tv, ranges[0], ranges[2], tout, lse, tdout, sink,
+                                                         scale=scale)
+        else:
+            dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec,
+                                                   sink=sink)
     dq, dk, dv = dq.reshape(qq.shape), dk.reshape(kk.shape), dv.reshape(vv.shape)
     if layout in (NVTE_QKV_Layout.NVTE_BS3HD, NVTE_QKV_Layout.NVTE_T3HD):
         dq, dk, dv = jnp.stack([dq, dk, dv], axis=-3), jnp.zeros_like(k), jnp.zeros_like(v)
