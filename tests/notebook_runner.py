@@ -29,6 +29,7 @@ def main(devices: int, name: str) -> None:
 
 if __name__ == "__main__":
     n = int(sys.argv[1])
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+    # the site build's flags (conf.py), with this run's device count
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n} --xla_backend_optimization_level=0"
     os.environ["JAX_PLATFORMS"] = "cpu"
     main(n, sys.argv[2])

@@ -125,7 +125,9 @@ LayerNorm().init(jax.random.PRNGKey(0), x)
 
 
 def test_runner_refuses_torch_clearly_and_passes_args_and_exit_status(tmp_path):
-    proc = run_script(_script(tmp_path, "uses_torch.py", "import torch\n"), 2)
+    # a library's probe (importlib.util.find_spec, as JAX's compilation cache does via etils) is not refused
+    probe = "import importlib.util\nimportlib.util.find_spec('tensorflow')\nimportlib.util.find_spec('torch')\n"
+    proc = run_script(_script(tmp_path, "uses_torch.py", probe + "import torch\n"), 2)
     assert proc.returncode == 2 and BANNER.match(proc.stdout.splitlines()[0])
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], "one line, no traceback"
     assert "`import torch`" in proc.stderr and "transformer_engine.jax" in proc.stderr

@@ -586,11 +586,28 @@ class _OtherFrameworkError(ModuleNotFoundError):
     """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still fall back)."""
 
 
+def _probing() -> bool:
+    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not by an import.
+
+    Libraries probe for optional frameworks that way (etils, behind JAX's persistent compilation
+    cache, asks for TensorFlow); a probe must read "not installed", not fail.
+    """
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "find_spec" and "importlib" in code.co_filename and "util" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _RefuseOtherFrameworks:
     """A meta-path finder that refuses the frameworks the runner does not run, with a message naming the fix."""
 
     def find_spec(self, name, path=None, target=None):
-        if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS):
+        if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS) and not _probing():
             raise _OtherFrameworkError(
                 f"`import {name}`: `python -m tutorial_utils.tools.te_on_cpu` runs scripts written against TE's JAX API "
                 "(transformer_engine.jax) on CPU; it cannot run PyTorch, TensorFlow or Paddle code. Port the script to "
