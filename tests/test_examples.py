@@ -22,6 +22,7 @@ import sys
 
 import pytest
 
+from recipe_runs import ELSEWHERE, ON_THE_RECIPES_PAGE, check_result_lines
 from seed_script import extract_code, find_seed
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -69,27 +70,24 @@ def test_recipes_are_few_short_and_import_only_jax_numpy_te_flax_optax():
 
 # ----------------------------------------------------------------------------- every recipe through the runner
 
-# (recipe, devices, what its result line says)
-RUNS = [
-    ("thd_ring.py", 2, r"THD Ring, cp=2, stripe=1"), ("thd_ring.py", 4, r"THD Ring, cp=4, stripe=1"),
-    ("thd_ring.py", 8, r"THD Ring, cp=8, stripe=1"),
-    ("thd_allgather_striped.py", 4, r"THD AllGather, cp=4, stripe=4"),
-    ("flax_dot_product_attention.py", 4, r"Flax DotProductAttention, Ring, cp=4"),
-    ("reorder_once_iterator.py", 4, r"reorder-once iterator, Ring, cp=4"),
-    pytest.param("multi_process.py", 4, r"4 processes, THD Ring over 4 devices", marks=pytest.mark.slow),
-]
+# The four-device runs are checked on the site build's executed recipes page (tests/test_site.py,
+# tests/recipe_runs.py): the build already runs each recipe that way, as a subprocess through the runner.
+RUNS = ELSEWHERE
 
 
 @pytest.mark.parametrize("recipe, devices, says", RUNS, ids=lambda x: str(x) if not isinstance(x, str) or
                          x.endswith(".py") else None)
 def test_recipe_runs_standalone_and_matches_one_device(recipe, devices, says):
     assert recipe in RECIPES
-    out = _ok(run_script(EXAMPLES / recipe, devices), devices)
-    result = [line for line in out if re.search(says, line)]
-    assert result and "max |" in result[0], out
-    if recipe == "flax_dot_product_attention.py":  # TE's own refusal of THD AllGather through the layer, executed
-        refusal = [line for line in out if line.startswith("AllGather THD through the Flax layer")]
-        assert refusal and "Striped load balancing with THD layouts" in refusal[0], out
+    check_result_lines(_ok(run_script(EXAMPLES / recipe, devices), devices), says)
+
+
+def test_every_recipe_is_run_somewhere():
+    ran = {r for r, _, _ in ON_THE_RECIPES_PAGE + ELSEWHERE}
+    assert ran == set(RECIPES), set(RECIPES) ^ ran
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    for recipe, _, _ in ON_THE_RECIPES_PAGE:
+        assert f'run("{recipe}")' in page, f"docs/recipes.md no longer runs {recipe}"
 
 
 # ----------------------------------------------------------------------------- the runner's refusals

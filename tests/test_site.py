@@ -582,7 +582,13 @@ def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
         assert "cp=" in res.text
     else:
         assert len(banners) == len(recipes) and set(banners) == {"4"}, banners  # one per recipe run
-    for says in ("THD Ring, cp=4", "THD AllGather, cp=4, stripe=4", "Flax DotProductAttention, Ring, cp=4",
-                 "reorder-once iterator, Ring, cp=4", "4 processes, THD Ring over 4 devices", "max |CP - one device|",
-                 "AllGather THD through the Flax layer", "check_layout: examples/packed_batch.npz", "verdict:"):
+    # each recipe's four-device run, as tests/test_examples.py checks its other runs (tests/recipe_runs.py)
+    from recipe_runs import FLAX_REFUSAL, ON_THE_RECIPES_PAGE, check_result_lines
+
+    lines = res.text.splitlines()
+    for _, _, says in ON_THE_RECIPES_PAGE:
+        check_result_lines(lines, says)
+    refusal = [line for line in lines if line.strip().startswith(FLAX_REFUSAL[0])]
+    assert refusal and FLAX_REFUSAL[1] in refusal[0], "the Flax recipe's AllGather refusal is not on the page"
+    for says in ("check_layout: examples/packed_batch.npz", "verdict:"):
         assert says in res.text, f"the recipes page lacks {says!r}"
