@@ -314,6 +314,14 @@ def _check_bench_cpu(proc, tmp):
     return {}
 
 
+def _check_bench_kernel(proc, tmp):
+    rec = json.loads((Path(tmp) / "cpu-kernel-compiled-vs-jax.json").read_text())
+    assert [r["variant"] for r in rec["results"]] == ["jax-blockwise", "jax-bounds", "compiled"], rec["results"]
+    assert all(r["max_abs_err_vs_jax_blockwise"] < 1e-4 for r in rec["results"]), rec["results"]
+    assert rec["config"]["matmul_2048_gflop_per_s"] > 0 and "| compiled |" in proc.stdout
+    return {"compiled_ms": round(rec["results"][2]["median_ms"], 1)}
+
+
 MY_WORKER = """\
 import sys
 from tutorial_utils.tools.launch import initialize
@@ -345,6 +353,12 @@ HANDLED: Dict[str, object] = {
                           append=("--seq", "512", "--fallback-seq", "512", "--window", "64", "--iters", "1", "--warmup",
                                   "0", "--results-dir", "{tmp}"),
                           check=_check_bench_cpu, timeout=300),
+    "make bench-kernel": Run("the recipe's script (make -n checked separately) at 512 tokens",
+                             replace=[("make bench-kernel", "XLA_FLAGS=--xla_force_host_platform_device_count=4 "
+                                                            "python benchmarks/bench_cpu_kernel.py")],
+                             append=("--seq", "512", "--window", "64", "--iters", "1", "--warmup", "0",
+                                     "--results-dir", "{tmp}"),
+                             check=_check_bench_kernel, timeout=300),
     # ---- README: table of tools, run as typed on a CPU laptop
     "python -m tutorial_utils.tools.plan --preset seed --hardware H200": Run("cheap: a cost model",
                                                                                         check=_check_plan, timeout=120),
@@ -581,8 +595,9 @@ def test_shown_command(command, clone, tmp_path):
         proc, _ = _sh(line, clone, cwd=tmp_path if handler.files else None, timeout=handler.timeout)
         assert proc.returncode == 0, f"`{line}` exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
         figures = handler.check(proc, tmp_path) if handler.check else {}
-        if command == "make bench-cpu":
-            figures.update(_make_dry(command, MakeDry("", ("benchmarks/bench_reference_cpu.py",)), clone))
+        scripts = {"make bench-cpu": "benchmarks/bench_reference_cpu.py", "make bench-kernel": "benchmarks/bench_cpu_kernel.py"}
+        if command in scripts:
+            figures.update(_make_dry(command, MakeDry("", (scripts[command],)), clone))
         ran = line
     elif isinstance(handler, Parse):
         figures, ran = _parse(command, handler, clone, tmp_path), "parsed"
