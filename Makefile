@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
+.PHONY: help venv venv312 test test-fast test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
@@ -51,11 +51,17 @@ PY312_TESTS := tests/test_te_on_cpu.py tests/test_te_signatures.py tests/test_mo
 # devices in float32; the property tests and the rest of the CP matrix run in the 3.11 leg
 PY312_SELECT := not validator and not facade_check and not bf16 and not bfloat16 and \
 	(not context_parallel_matches_oracle or cp4)
-test-py312:
+STAMP312 := $(VENV312)/.installed
+$(STAMP312): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
 	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test,docs]'
+	touch $(STAMP312)
+
+venv312: $(STAMP312)
+
+test-py312: $(STAMP312)
 	$(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
 	  -n $(PYTEST_WORKERS) --dist loadfile $(PY312_TESTS) -k "$(PY312_SELECT)"
 

@@ -337,10 +337,10 @@ CP_CASES = [
 def test_context_parallel_matches_oracle(cp, strategy, stripe, window, dtype):
     batch, seq, slot = 2, 256, 64
     ids, pos = _slots(batch, seq, slot, 48)
-    assert first_violation(ids, pos, max_segments_per_seq=4, cp_size=cp, stripe_size=stripe, strategy=strategy,
+    assert first_violation(ids, pos, max_segments_per_seq=6, cp_size=cp, stripe_size=stripe, strategy=strategy,
                            window_size=window) is None
     q, k, v, dout = _qkv(11, batch, seq, seq, 4, 2, dtype)
-    out, grads = _cp_fn(cp, strategy, stripe, window, dtype, batch, seq, 4)(q, k, v, ids, pos, dout)
+    out, grads = _cp_fn(cp, strategy, stripe, window, dtype, batch, seq, 6)(q, k, v, ids, pos, dout)
     vis = np_visible(ids, ids, pos, pos, causal=True, window=window or (-1, -1))
     has = vis.any(-1)
     f32 = [x.astype(jnp.float32) for x in (q, k, v, dout)]
@@ -359,7 +359,9 @@ def test_context_parallel_matches_oracle(cp, strategy, stripe, window, dtype):
 
 EXAMPLES = int(os.environ.get("CP_VALIDATOR_EXAMPLES", "8"))  # 200 per shape: 0 mismatches in 1,200 layouts
 # (cp, stripe, seq): every shape compiles once; layouts vary freely inside it
-VALIDATOR_SHAPES = [(2, 1, 32), (4, 1, 32), (4, 2, 64), (4, 4, 64), (8, 1, 64), (8, 2, 64)]
+# The CP matrix above uses the same batch, length, heads and max_segments_per_seq, so each of its
+# float32 cases is a (cp, strategy, stripe, window) the validator also draws: one compile serves both.
+VALIDATOR_SHAPES = [(2, 1, 256), (4, 1, 256), (4, 2, 256), (4, 4, 256), (8, 1, 256), (8, 2, 256)]
 
 
 @st.composite
@@ -389,7 +391,7 @@ _VERDICTS: dict = {}
 
 def _te_is_right(cp, strategy, stripe, window, ids, pos):
     batch, seq = ids.shape
-    q, k, v, dout = _qkv(5, batch, seq, seq, 2, 1, jnp.float32)
+    q, k, v, dout = _qkv(5, batch, seq, seq, 4, 2, jnp.float32)
     out, _ = _cp_fn(cp, strategy, stripe, window, jnp.float32, batch, seq, 6)(q, k, v, ids, pos, dout)
     vis = np_visible(ids, ids, pos, pos, causal=True, window=window or (-1, -1))
     want, _ = np_attention(q, k, v, vis, 0.3)
@@ -403,7 +405,7 @@ def test_validator_accepts_exactly_what_te_computes_right(cp, stripe, seq):
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(rows=packed_rows(2, seq, cp, stripe), window=st.sampled_from([None, (cp - 1, 0), (9, 0)]),
+    @given(rows=packed_rows(2, seq, cp, stripe), window=st.sampled_from([None, (cp - 1, 0), (20, 0)]),
            strategy=st.sampled_from(["allgather", "ring"] if stripe == 1 else ["allgather"]))
     def check(rows, window, strategy):
         ids, pos = rows
