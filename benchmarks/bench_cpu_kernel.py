@@ -30,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_reference_cpu import add_workload_arguments  # noqa: E402
 
 
 def _ranges(ids, pos, window):
@@ -45,12 +47,7 @@ def _ranges(ids, pos, window):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seq", type=int, default=16384)
-    p.add_argument("--segments", type=int, default=4)
-    p.add_argument("--q-heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=1)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--window", type=int, default=512)
+    add_workload_arguments(p)  # bench-cpu's workload, the same defaults
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--results-dir", default=os.path.join(ROOT, "results"))

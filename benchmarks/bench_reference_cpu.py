@@ -163,14 +163,19 @@ def _fmt_bytes(n):
     return "n/a" if n is None else (f"{n / GIB:.2f} GiB" if n >= GIB / 4 else f"{n / 1024 ** 2:.0f} MiB")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_arguments(p):
+    """The workload both CPU kernel benchmarks share (this one and bench_cpu_kernel.py)."""
     p.add_argument("--seq", type=int, default=16384)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--q-heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=1)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--window", type=int, default=512)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_arguments(p)
     p.add_argument("--block", type=int, default=128, help="block_q = block_kv of the blockwise variant")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)

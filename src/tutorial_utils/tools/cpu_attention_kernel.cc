@@ -119,11 +119,18 @@ struct Dims {
   int64_t b, sq, skv, hq, hkv, g, d, dv;
 };
 
-ffi::Error CheckDims(const Dims& x, int64_t kd, int64_t vs) {
-  if (kd != x.d || vs != x.skv)
+// The problem's sizes from q [b, sq, hq, d], k [b, skv, hkv, d] and v [b, skv, hkv, dv].
+ffi::Error ReadDims(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& v,
+                    Dims* x) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
+    return ffi::Error::InvalidArgument("cpu attention kernel: q, k, v must be [b, s, h, d]");
+  *x = Dims{qd[0], qd[1], kd[1], qd[2], kd[2], 0, qd[3], vd[3]};
+  if (kd[3] != x->d || vd[1] != x->skv)
     return ffi::Error::InvalidArgument("cpu attention kernel: q and k need one head_dim, k and v one length");
-  if (x.hkv <= 0 || x.hq % x.hkv != 0)
+  if (x->hkv <= 0 || x->hq % x->hkv != 0)
     return ffi::Error::InvalidArgument("cpu attention kernel: query heads must be a multiple of KV heads");
+  x->g = x->hq / x->hkv;
   return ffi::Error::Success();
 }
 
@@ -254,12 +261,8 @@ ffi::Error FwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    ffi::Buffer<ffi::S32> lo, ffi::Buffer<ffi::S32> hi, ffi::Buffer<ffi::F32> sink,
                    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
                    ffi::ResultBuffer<ffi::F32> mx, float scale, int32_t use_sink, ffi::ThreadPool pool) {
-  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
-    return ffi::Error::InvalidArgument("cpu attention kernel: q, k, v must be [b, s, h, d]");
-  Dims x{qd[0], qd[1], kd[1], qd[2], kd[2], 0, qd[3], vd[3]};
-  if (auto err = CheckDims(x, kd[3], vd[1]); err.failure()) return err;
-  x.g = x.hq / x.hkv;
+  Dims x;
+  if (auto err = ReadDims(q, k, v, &x); err.failure()) return err;
   const float* Q = q.typed_data();
   const int32_t* LO = lo.typed_data();
   const int32_t* HI = hi.typed_data();
@@ -358,12 +361,8 @@ ffi::Error BwdImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                    ffi::ResultBuffer<ffi::F32> dv, ffi::ResultBuffer<ffi::F32> dsink, float scale,
                    int32_t use_sink, ffi::ThreadPool pool) {
-  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
-    return ffi::Error::InvalidArgument("cpu attention kernel: q, k, v must be [b, s, h, d]");
-  Dims x{qd[0], qd[1], kd[1], qd[2], kd[2], 0, qd[3], vd[3]};
-  if (auto err = CheckDims(x, kd[3], vd[1]); err.failure()) return err;
-  x.g = x.hq / x.hkv;
+  Dims x;
+  if (auto err = ReadDims(q, k, v, &x); err.failure()) return err;
   const int32_t* LO = lo.typed_data();
   const int32_t* HI = hi.typed_data();
   const float* OUT = out.typed_data();
