@@ -139,3 +139,14 @@ def test_kernel_choice_is_checked_and_a_missing_compiler_is_explained(monkeypatc
     monkeypatch.setenv("TUTORIAL_CPU_KERNEL", "cpp")
     with pytest.raises(RuntimeError, match=r"TUTORIAL_CPU_KERNEL=cpp but the compiled kernel is unavailable"):
         cpu_kernel.use_compiled()
+
+
+def test_bad_shapes_are_refused_naming_the_argument():
+    q, k, v, dout, lo, hi = _problem(0)
+    with pytest.raises(ValueError, match=r"lo.shape=\(2, 39\) must be q's \[batch, seq\] = \(2, 40\)"):
+        cpu_kernel.attention_fwd(q, k, v, lo[:, 1:], hi, None, scale=0.3)
+    with pytest.raises(ValueError, match=r"q has 4 heads and k 3: query heads must be a multiple of KV heads"):
+        cpu_kernel.attention_fwd(q, np.zeros((2, 56, 3, 8), np.float32), np.zeros((2, 56, 3, 6), np.float32), lo, hi,
+                                 None, scale=0.3)
+    with pytest.raises(ValueError, match=r"k.shape=\(56, 2, 8\) must be \[batch, seq, heads, head_dim\]"):
+        cpu_kernel.attention_bwd(q, k[0], v, lo, hi, q, lo, dout, None, scale=0.3)

@@ -48,17 +48,6 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int64_t n
   return s;
 }
 
-inline void Axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
-
-inline bool AllFinite(const float* x, int64_t n) {
-  for (int64_t d = 0; d < n; ++d)
-    if (!std::isfinite(x[d])) return false;
-  return true;
-}
-
 // A copy of x (rows of width n) with non-finite entries set to 0, each row zero padded to
 // `stride` floats, and per row whether it had a non-finite entry.
 void Clean(const float* x, int64_t rows, int64_t n, int64_t stride, std::vector<float>* out,

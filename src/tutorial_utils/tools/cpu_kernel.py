@@ -139,6 +139,23 @@ def status() -> str:
     return "compiled C++ kernel" if ok else f"JAX kernel (compiled one unavailable: {why})"
 
 
+def _check_shapes(q, k, v, lo, hi):
+    """Shape errors in Python, naming the argument, before the kernel would only say 'invalid argument'."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(x.shape) != 4:
+            raise ValueError(f"{name}.shape={tuple(x.shape)} must be [batch, seq, heads, head_dim]; reshape THD "
+                             "tokens to [1, tokens, heads, head_dim].")
+    if k.shape[3] != q.shape[3] or v.shape[:3] != k.shape[:3] or k.shape[0] != q.shape[0]:
+        raise ValueError(f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}: q and k "
+                         "need one batch and head_dim, k and v one batch, length and head count.")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"q has {q.shape[2]} heads and k {k.shape[2]}: query heads must be a multiple of KV heads.")
+    for name, x in (("lo", lo), ("hi", hi)):
+        if tuple(x.shape) != tuple(q.shape[:2]):
+            raise ValueError(f"{name}.shape={tuple(x.shape)} must be q's [batch, seq] = {tuple(q.shape[:2])}: one "
+                             "inclusive key range per query row.")
+
+
 def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
     """``(out, lse, max_logit)`` in float32: ``out [b, sq, hq, dv]``, the others ``[b, hq, sq]``.
 
@@ -149,10 +166,13 @@ def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
     import jax.numpy as jnp
     import numpy as np
 
+    from ..reference import _sink_array
+
+    _check_shapes(q, k, v, lo, hi)
     b, sq, hq, _ = q.shape
     dv = v.shape[-1]
     use_sink = sink is not None
-    sink = jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq)
+    sink = _sink_array(sink, hq)  # vanilla softmax: zeros the kernel ignores
     shapes = (jax.ShapeDtypeStruct((b, sq, hq, dv), jnp.float32), jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
               jax.ShapeDtypeStruct((b, hq, sq), jnp.float32))
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
@@ -166,9 +186,12 @@ def attention_bwd(q, k, v, lo, hi, out, lse, dout, sink, *, scale: float):
     import jax.numpy as jnp
     import numpy as np
 
+    from ..reference import _sink_array
+
+    _check_shapes(q, k, v, lo, hi)
     hq = q.shape[2]
     use_sink = sink is not None
-    sink = jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq)
+    sink = _sink_array(sink, hq)  # vanilla softmax: zeros the kernel ignores
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v)) + (
         jax.ShapeDtypeStruct((hq,), jnp.float32),)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
