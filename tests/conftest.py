@@ -12,3 +12,17 @@ os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
 # per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json (tests/time_table.py)
 pytest_plugins = ["time_table"]
+
+# One XLA compilation cache for the whole run, shared by both workers, the site build's notebook
+# kernels and every subprocess that imports tutorial_utils (tools/compile_cache.py says why its
+# key is safe for TE's context-parallel programs). The first process of the run creates it empty;
+# the workers and subprocesses inherit the variable. TUTORIAL_TEST_COMPILE_CACHE=0 runs without it.
+if os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0" and "TUTORIAL_COMPILE_CACHE_DIR" not in os.environ:
+    import shutil
+    import sys
+    from pathlib import Path
+
+    _cache = Path(__file__).resolve().parents[1] / "_build_cache" / f"xla-py{sys.version_info[0]}.{sys.version_info[1]}"
+    shutil.rmtree(_cache, ignore_errors=True)
+    _cache.mkdir(parents=True)
+    os.environ["TUTORIAL_COMPILE_CACHE_DIR"] = str(_cache)

@@ -17,6 +17,10 @@ benchmarks and their records, plots, the cost model and the command-line tools);
 above imports it except to find out where it runs.
 """
 
+from .tools import compile_cache as _compile_cache
+
+_compile_cache.enable_from_env()  # only for the tutorial's own test runs; see that module
+
 from .reorder import (  # noqa: F401
     ReorderStrategy,
     inverse_reorder_causal_load_balancing,

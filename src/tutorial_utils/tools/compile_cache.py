@@ -1,0 +1,215 @@
+"""A persistent XLA compilation cache that one test run or site build shares between processes.
+
+Why it exists: a test run starts well over a hundred Python processes (pytest workers, notebook
+kernels, recipe and command-line subprocesses). Each compiles the same small programs again
+(random inputs, reshapes, the one-device references) and often the same TE programs, and on a
+2-core CPU compiling is most of their time. JAX's persistent cache can share that work, but its
+key is not safe for TE's context-parallel programs as they stand:
+
+* a ``custom_partitioning`` op (every TE CP call) enters the key as ``id()`` of its partition
+  callback; the program XLA finally runs is whatever that callback returns, chosen by TE's static
+  configuration (Ring or AllGather, load balanced or not, the stripe), which the key never sees.
+  Python reuses ``id()`` values, above all in fresh processes doing the same steps, so two
+  programs that differ only in that configuration can share a key and one would silently run
+  the other's executable. (With ``jax_remove_custom_partitioning_ptr_from_cache_key`` they always
+  share it.)
+* a host callback enters the key as a pointer too, and a hit would call into a stale address.
+
+So :func:`enable` keys each partitioned op by a fingerprint of everything its callback reads: the
+callback functions by qualified name, TE's static arguments, the mesh, the pytree structure, TE's
+global mesh resource, the ``NVTE_*`` and ``TUTORIAL_*`` environment, the stand-in's state and JAX's
+trace context. When any part of that fingerprint is not reproducible (it contains an address, or
+the callback is a closure), or the program has a host callback, the program is compiled and not
+cached. Entries are written to a temporary file and renamed, so a process never reads half of
+one another process is writing.
+
+It is for the tutorial's own runs: ``tests/conftest.py`` points :data:`ENV` at a folder the test
+run creates and deletes at its start, and every process that imports :mod:`tutorial_utils` picks it
+up. A reader's notebooks and the examples never use it unless that variable is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+#: The folder to cache compiled programs in; unset (the default) means no cache.
+ENV = "TUTORIAL_COMPILE_CACHE_DIR"
+
+_PARTITIONED = "CustomSPMDPartitioning"
+# environment variables TE's callbacks and the stand-in never read (the runner's own mark, this cache)
+_ENV_NOT_READ = {ENV, "TUTORIAL_TE_ON_CPU_RUNNER"}
+_state = {"enabled": None, "uncached": 0}
+
+
+class _AtomicFileCache:
+    """JAX's cache interface over one folder, with write-then-rename puts (no lock needed)."""
+
+    def __init__(self, path: str):
+        self._path = Path(path)
+        self._path.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str):
+        try:
+            return (self._path / f"{key}-cache").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        final = self._path / f"{key}-cache"
+        if final.exists():
+            return
+        self._path.mkdir(parents=True, exist_ok=True)  # a test may have removed it
+        fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class _NotReproducible(Exception):
+    """A partitioned op whose callback cannot be fingerprinted the same way in another process."""
+
+
+def _name(fn) -> str:
+    if fn is None:
+        return "None"
+    qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if qualname is None or module is None or "<locals>" in qualname or "<lambda>" in qualname:
+        raise _NotReproducible(f"callback {fn!r} is not a module-level function")
+    return f"{module}.{qualname}"
+
+
+def _global_state() -> str:
+    """What a TE partition callback may read besides its arguments, as text."""
+    parts = [f"python {sys.version}"]
+    te_sharding = sys.modules.get("transformer_engine.jax.sharding")
+    if te_sharding is not None:
+        parts.append(repr(te_sharding.global_mesh_resource()))
+    te_on_cpu = sys.modules.get("tutorial_utils.tools.te_on_cpu")
+    if te_on_cpu is not None:
+        parts.append(repr(sorted(te_on_cpu._state.items())))
+    parts += [f"{k}={v}" for k, v in sorted(os.environ.items())
+              if k.startswith(("NVTE_", "TUTORIAL_")) and k not in _ENV_NOT_READ]
+    from jax._src import config as jax_config
+
+    parts += [_plain_repr(item) for item in jax_config.trace_context()]
+    return "\n".join(parts)
+
+
+def _plain_repr(obj) -> str:
+    """``repr``, or for an object whose ``repr`` is its address, its slots' or attributes' values."""
+    text = repr(obj)
+    if " at 0x" not in text:
+        return text
+    slots = [s for s in getattr(type(obj), "__slots__", ()) if s != "__weakref__"]
+    fields = {s: getattr(obj, s, None) for s in slots} if slots else getattr(obj, "__dict__", None)
+    if not fields:
+        raise _NotReproducible(f"{type(obj).__name__} has no reproducible text")
+    return f"{type(obj).__qualname__}({sorted(fields.items())!r})"
+
+
+def _fingerprint(info) -> str:
+    text = "\n".join([
+        _name(info.partition), _name(info.infer_sharding_from_operands), _name(info.propagate_user_sharding),
+        repr(info.static_args), repr(info.mesh), repr(getattr(info.mesh, "device_ids", None)), repr(info.in_tree), repr(info.out_tree), _global_state(),
+    ])
+    if " at 0x" in text:
+        raise _NotReproducible("the fingerprint contains an object address")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _keyable(computation):
+    """The module to hash: partition pointers replaced by fingerprints; None if it must not be cached."""
+    from jax._src import config as jax_config
+    from jax._src import custom_partitioning
+    from jax._src.lib.mlir import ir
+
+    if jax_config.remove_custom_partitioning_ptr_from_cache_key.value:
+        return None  # JAX would strip our fingerprint too
+    ops, refused = [], []
+
+    def visit(op):
+        attrs = op.attributes
+        if "call_target_name" in attrs:
+            target = ir.StringAttr(attrs["call_target_name"]).value
+            if target == _PARTITIONED:
+                ops.append(op)
+            elif target.endswith("callback"):
+                refused.append(target)
+        return ir.WalkResult.ADVANCE
+
+    computation.operation.walk(visit)
+    if refused:
+        return None
+    if not ops:
+        return computation
+    fingerprints = []
+    try:
+        for op in ops:
+            pointer = ir.StringAttr(op.attributes["backend_config"]).value
+            info = custom_partitioning._sharding_callbacks.get(pointer.encode())
+            if info is None:
+                return None
+            fingerprints.append(_fingerprint(info))
+    except _NotReproducible:
+        return None
+    with computation.context:
+        clone = computation.operation.clone()
+        found = []
+
+        def replace(op):
+            attrs = op.attributes
+            if "call_target_name" in attrs and ir.StringAttr(attrs["call_target_name"]).value == _PARTITIONED:
+                op.attributes["backend_config"] = ir.StringAttr.get(fingerprints[len(found)])
+                found.append(op)
+            return ir.WalkResult.ADVANCE
+
+        clone.walk(replace)
+        return clone
+
+
+def enable(path: str | os.PathLike) -> bool:
+    """Cache compiled programs under ``path`` for this process. Call before the first compile.
+
+    Returns False (and changes nothing) where this JAX lacks the internals the safe key needs.
+    """
+    if _state["enabled"] is not None:
+        return _state["enabled"]
+    import jax
+    from jax._src import compilation_cache, compiler
+
+    original = getattr(compiler, "_get_cache_key", None)
+    if original is None or not hasattr(compilation_cache, "get_file_cache"):
+        _state["enabled"] = False
+        return False
+
+    def safe_cache_key(options, backend, computation, devices, override_fdo_profile=None):
+        keyed = _keyable(computation)
+        if keyed is None:
+            _state["uncached"] += 1
+            return None
+        return original(options, backend, keyed, devices, override_fdo_profile)
+
+    compiler._get_cache_key = safe_cache_key
+    compilation_cache.get_file_cache = lambda p: (_AtomicFileCache(p), p)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # XLA warns "Invalid stack_frame_id" when it loads an executable compiled with Python
+    # tracebacks in its locations; the key ignores locations anyway
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    _state["enabled"] = True
+    return True
+
+
+def enable_from_env() -> bool:
+    """:func:`enable` at ``$TUTORIAL_COMPILE_CACHE_DIR`` when that is set; False otherwise."""
+    path = os.environ.get(ENV)
+    return enable(path) if path else False

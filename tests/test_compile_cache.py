@@ -1,0 +1,59 @@
+"""The run's shared compilation cache (tools/compile_cache.py) never hands one TE program another's executable.
+
+``tests/compile_cache_script.py`` compiles TE's AllGather call load balanced, not load balanced,
+then load balanced again, each as a fresh jit, in its own process with an empty cache. The two
+configurations differ only in what TE's partition callback does, which JAX's key does not see.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tutorial_utils.tools import compile_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, mode):
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "compile_cache_script.py"), str(tmp_path / mode), mode],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Invalid stack_frame_id" not in proc.stderr  # XLA's warning when it loads traceback locations
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["enabled"] is True
+    return [r["hit"] for r in report["runs"]], [np.array(r["out"]) for r in report["runs"]], report["uncached"]
+
+
+def test_configurations_get_their_own_entries_and_a_repeat_hits(tmp_path):
+    hits, (balanced, plain, again), uncached = _run(tmp_path, "safe")
+    assert hits == [False, False, True]  # the repeat of the first configuration is served from the cache
+    assert np.abs(balanced - plain).max() > 0.1  # the two configurations really compute different things
+    np.testing.assert_array_equal(again, balanced)
+    assert uncached == 1  # the host-callback program is compiled, not cached
+
+
+def test_a_key_blind_to_te_s_configuration_returns_the_other_program(tmp_path):
+    """The check can fail: with one fingerprint for all, the second call silently runs the first's program."""
+    hits, (balanced, plain, _), _ = _run(tmp_path, "blind")
+    assert hits == [False, True, True]
+    np.testing.assert_array_equal(plain, balanced)
+
+
+class _Slots:
+    __slots__ = ("a", "__weakref__")
+
+    def __init__(self):
+        self.a = 3
+
+
+def test_fingerprint_text_is_reproducible_or_refused():
+    assert compile_cache._plain_repr(_Slots()) == "_Slots([('a', 3)])"
+    with pytest.raises(compile_cache._NotReproducible, match="no reproducible text"):
+        compile_cache._plain_repr(object())
+    with pytest.raises(compile_cache._NotReproducible, match="not a module-level function"):
+        compile_cache._name(lambda: None)
+    assert compile_cache._name(json.dumps) == "json.dumps"
