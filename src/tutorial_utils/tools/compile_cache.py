@@ -115,10 +115,16 @@ def _plain_repr(obj) -> str:
     return f"{type(obj).__qualname__}({sorted(fields.items())!r})"
 
 
+def _mesh_text(mesh) -> str:
+    if mesh is None or getattr(mesh, "empty", False):
+        return f"empty mesh {mesh!r}"
+    return f"{mesh!r} devices {getattr(mesh, 'device_ids', None)!r}"
+
+
 def _fingerprint(info) -> str:
     text = "\n".join([
         _name(info.partition), _name(info.infer_sharding_from_operands), _name(info.propagate_user_sharding),
-        repr(info.static_args), repr(info.mesh), repr(getattr(info.mesh, "device_ids", None)), repr(info.in_tree), repr(info.out_tree), _global_state(),
+        repr(info.static_args), _mesh_text(info.mesh), repr(info.in_tree), repr(info.out_tree), _global_state(),
     ])
     if " at 0x" in text:
         raise _NotReproducible("the fingerprint contains an object address")
@@ -191,7 +197,10 @@ def enable(path: str | os.PathLike) -> bool:
         return False
 
     def safe_cache_key(options, backend, computation, devices, override_fdo_profile=None):
-        keyed = _keyable(computation)
+        try:
+            keyed = _keyable(computation)
+        except Exception:  # noqa: BLE001 - a key we cannot compute means: compile, do not cache
+            keyed = None
         if keyed is None:
             _state["uncached"] += 1
             return None
