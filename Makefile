@@ -22,12 +22,10 @@ help:
 	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, check it, time the seed workload"
 	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
 
-# --no-compile: pip would byte-compile every installed file (about 26 s of CPU here); Python
-# compiles only the modules a run imports, once, on first import
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,docs]'
+	$(PY) -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -58,7 +56,7 @@ $(STAMP312): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
 	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV312)/bin/python -m pip install --quiet --no-compile 'jax>=0.11,<0.12' -e '.[test,docs]'
+	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test,docs]'
 	touch $(STAMP312)
 
 venv312: $(STAMP312)
