@@ -57,3 +57,11 @@ def test_fingerprint_text_is_reproducible_or_refused():
     with pytest.raises(compile_cache._NotReproducible, match="not a module-level function"):
         compile_cache._name(lambda: None)
     assert compile_cache._name(json.dumps) == "json.dumps"
+
+
+def test_a_path_that_is_not_a_folder_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match=r"path='.*a-file' must name a folder .*TUTORIAL_COMPILE_CACHE_DIR"):
+        compile_cache.enable(tmp_path / "a-file")
+    with pytest.raises(ValueError, match=r"path='' must name a folder"):
+        compile_cache.enable("")

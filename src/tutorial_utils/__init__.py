@@ -14,7 +14,9 @@ What a reader copies into a model lives at the top level:
 
 :mod:`tutorial_utils.tools` is the tutorial's own tooling (device set-up, workloads,
 benchmarks and their records, plots, the cost model and the command-line tools); nothing
-above imports it except to find out where it runs.
+above imports it except to find out where it runs. The one exception at import:
+:mod:`tutorial_utils.tools.compile_cache` (standard library only) turns on the test run's
+shared compilation cache when ``TUTORIAL_COMPILE_CACHE_DIR`` is set, and does nothing otherwise.
 """
 
 from .tools import compile_cache as _compile_cache

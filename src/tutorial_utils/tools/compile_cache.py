@@ -121,14 +121,29 @@ def _mesh_text(mesh) -> str:
     return f"{mesh!r} devices {getattr(mesh, 'device_ids', None)!r}"
 
 
-def _fingerprint(info) -> str:
+def _fingerprint(info, global_state: str) -> str:
     text = "\n".join([
         _name(info.partition), _name(info.infer_sharding_from_operands), _name(info.propagate_user_sharding),
-        repr(info.static_args), _mesh_text(info.mesh), repr(info.in_tree), repr(info.out_tree), _global_state(),
+        repr(info.static_args), _mesh_text(info.mesh), repr(info.in_tree), repr(info.out_tree), global_state,
     ])
     if " at 0x" in text:
         raise _NotReproducible("the fingerprint contains an object address")
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _custom_calls(operation):
+    """``(op, call_target_name)`` for every custom call in ``operation``, in walk order."""
+    from jax._src.lib.mlir import ir
+
+    calls = []
+
+    def visit(op):
+        if "call_target_name" in op.attributes:
+            calls.append((op, ir.StringAttr(op.attributes["call_target_name"]).value))
+        return ir.WalkResult.ADVANCE
+
+    operation.walk(visit)
+    return calls
 
 
 def _keyable(computation):
@@ -139,45 +154,28 @@ def _keyable(computation):
 
     if jax_config.remove_custom_partitioning_ptr_from_cache_key.value:
         return None  # JAX would strip our fingerprint too
-    ops, refused = [], []
-
-    def visit(op):
-        attrs = op.attributes
-        if "call_target_name" in attrs:
-            target = ir.StringAttr(attrs["call_target_name"]).value
-            if target == _PARTITIONED:
-                ops.append(op)
-            elif target.endswith("callback"):
-                refused.append(target)
-        return ir.WalkResult.ADVANCE
-
-    computation.operation.walk(visit)
-    if refused:
+    calls = _custom_calls(computation.operation)
+    if any(target.endswith("callback") for _, target in calls):
         return None
-    if not ops:
+    partitioned = [op for op, target in calls if target == _PARTITIONED]
+    if not partitioned:
         return computation
+    global_state = _global_state()  # the same for every op of this module
     fingerprints = []
     try:
-        for op in ops:
+        for op in partitioned:
             pointer = ir.StringAttr(op.attributes["backend_config"]).value
             info = custom_partitioning._sharding_callbacks.get(pointer.encode())
             if info is None:
                 return None
-            fingerprints.append(_fingerprint(info))
+            fingerprints.append(_fingerprint(info, global_state))
     except _NotReproducible:
         return None
     with computation.context:
         clone = computation.operation.clone()
-        found = []
-
-        def replace(op):
-            attrs = op.attributes
-            if "call_target_name" in attrs and ir.StringAttr(attrs["call_target_name"]).value == _PARTITIONED:
-                op.attributes["backend_config"] = ir.StringAttr.get(fingerprints[len(found)])
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        clone.walk(replace)
+        cloned = [op for op, target in _custom_calls(clone) if target == _PARTITIONED]
+        for op, fingerprint in zip(cloned, fingerprints, strict=True):
+            op.attributes["backend_config"] = ir.StringAttr.get(fingerprint)
         return clone
 
 
@@ -186,6 +184,9 @@ def enable(path: str | os.PathLike) -> bool:
 
     Returns False (and changes nothing) where this JAX lacks the internals the safe key needs.
     """
+    if not str(path) or Path(path).exists() and not Path(path).is_dir():
+        raise ValueError(f"path={str(path)!r} must name a folder (it is created if missing); "
+                         f"point {ENV} at a directory, or unset it to run without the cache.")
     if _state["enabled"] is not None:
         return _state["enabled"]
     import jax
