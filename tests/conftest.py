@@ -7,6 +7,9 @@ import os
 # third. The site build and the benchmarks drop these flags and compile as a reader's run does.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0").strip()
+# ... and so do the run's subprocesses (commands, recipes, launcher ranks), which build their own
+# XLA_FLAGS: importing tutorial_utils adds this before JAX starts (tools/compile_cache.add_run_flags)
+os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 

@@ -6,6 +6,7 @@ configurations differ only in what TE's partition callback does, which JAX's key
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,24 @@ def test_a_path_that_is_not_a_folder_is_refused(tmp_path):
         compile_cache.enable(tmp_path / "a-file")
     with pytest.raises(ValueError, match=r"path='' must name a folder"):
         compile_cache.enable("")
+
+
+def test_the_run_s_xla_flags_reach_a_subprocess_that_builds_its_own(monkeypatch):
+    """A subprocess that sets its own XLA_FLAGS (here a device count) still compiles at the run's level."""
+    env = {k: v for k, v in os.environ.items() if k != compile_cache.ENV}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               **{compile_cache.FLAGS_ENV: "--xla_backend_optimization_level=0"})
+    code = ("import os, tutorial_utils, jax; print(os.environ['XLA_FLAGS']); print(len(jax.devices()))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+                                           "2"]
+    # in-process: a flag the process names keeps its value, and nothing changes once JAX has started
+    monkeypatch.setattr(compile_cache, "_jax_started", lambda: False)
+    monkeypatch.setenv(compile_cache.FLAGS_ENV, "--xla_backend_optimization_level=0 --xla_cpu_enable_fast_math=false")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
+    assert compile_cache.add_run_flags() == ["--xla_cpu_enable_fast_math=false"]
+    assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=2 --xla_cpu_enable_fast_math=false"
+    monkeypatch.setattr(compile_cache, "_jax_started", lambda: True)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert compile_cache.add_run_flags() == [] and os.environ["XLA_FLAGS"] == ""

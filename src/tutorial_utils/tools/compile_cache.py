@@ -38,10 +38,13 @@ from pathlib import Path
 
 #: The folder to cache compiled programs in; unset (the default) means no cache.
 ENV = "TUTORIAL_COMPILE_CACHE_DIR"
+#: XLA flags a test run adds to ``XLA_FLAGS`` in every process that imports tutorial_utils
+#: before JAX starts (tests/conftest.py sets ``--xla_backend_optimization_level=0``); unset: none.
+FLAGS_ENV = "TUTORIAL_RUN_XLA_FLAGS"
 
 _PARTITIONED = "CustomSPMDPartitioning"
 # environment variables TE's callbacks and the stand-in never read (the runner's own mark, this cache)
-_ENV_NOT_READ = {ENV, "TUTORIAL_TE_ON_CPU_RUNNER"}
+_ENV_NOT_READ = {ENV, FLAGS_ENV, "TUTORIAL_TE_ON_CPU_RUNNER"}
 _state = {"enabled": None, "uncached": 0}
 
 
@@ -219,7 +222,37 @@ def enable(path: str | os.PathLike) -> bool:
     return True
 
 
+def add_run_flags() -> list:
+    """Append ``$TUTORIAL_RUN_XLA_FLAGS`` to ``XLA_FLAGS``, each flag not already named there; return those added.
+
+    Why: the test run compiles at XLA's lowest backend optimisation level (its arrays are tiny
+    and compiling is most of its time), but most of its subprocesses build their own
+    ``XLA_FLAGS`` (a device count, or a user's clean environment), which would drop that flag:
+    they compiled about a fifth slower, and never shared a cache entry with the workers, since
+    JAX's key includes the flags. Nothing is added once JAX's backends have started (the flags
+    would no longer apply), and a flag the process already sets keeps its value.
+    """
+    extra = os.environ.get(FLAGS_ENV, "").split()
+    if not extra or _jax_started():
+        return []
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    named = {f.split("=")[0] for f in flags}
+    added = [f for f in extra if f.split("=")[0] not in named]
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join(flags + added)
+    return added
+
+
+def _jax_started() -> bool:
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(bridge is not None and bridge.backends_are_initialized())
+
+
 def enable_from_env() -> bool:
-    """:func:`enable` at ``$TUTORIAL_COMPILE_CACHE_DIR`` when that is set; False otherwise."""
+    """The run's XLA flags (:func:`add_run_flags`), then :func:`enable` at ``$TUTORIAL_COMPILE_CACHE_DIR``.
+
+    Returns whether the cache is on; False when that variable is unset.
+    """
+    add_run_flags()
     path = os.environ.get(ENV)
     return enable(path) if path else False
