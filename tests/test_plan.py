@@ -11,7 +11,8 @@ import pytest
 
 from tutorial_utils.tools.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
 from tutorial_utils.tools.hardware import PROFILES, get_hardware
-from tutorial_utils.tools.plan import build_workload, format_table, plan
+from cli_run import exit_status_and_stderr
+from tutorial_utils.tools.plan import build_workload, format_table, main as plan_main, plan
 from tutorial_utils.tools.workload import get_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,11 +181,11 @@ def test_cli_text_output_names_model_and_recommendation():
     (["--cp", "0"], ["--cp=0", "positive integer"]),
     (["--hardware", "A100"], ["--hardware", "'A100'", "GB200"]),
 ])
-def test_cli_bad_input_names_parameter_value_and_fix(args, needles):
-    proc = _cli(*args, check=False)
-    assert proc.returncode == 2
+def test_cli_bad_input_names_parameter_value_and_fix(args, needles, capsys):
+    status, stderr = exit_status_and_stderr(plan_main, args, capsys)
+    assert status == 2
     for needle in needles:
-        assert needle in proc.stderr, (needle, proc.stderr)
+        assert needle in stderr, (needle, stderr)
 
 
 def test_tiny_workloads_carry_a_latency_caution():
