@@ -218,3 +218,18 @@ def test_bad_input_raises_naming_the_parameter(call, needle):
     with pytest.raises(ValueError) as err:
         call(ids, pos)
     assert needle in str(err.value)
+
+
+def test_running_count_answers_as_searchsorted_does_and_falls_back_when_sparse():
+    """count_work's lookups (workcount._Below) against np.searchsorted, on a dense and a sparse code range."""
+    from tutorial_utils.tools.workcount import _Below
+
+    rng = np.random.default_rng(3)
+    for size in (500, 10**7):  # the first builds the running count, the second is too sparse for it
+        codes = rng.integers(0, size, 300)
+        below = _Below(codes, size)
+        assert (below._table is None) == (size > 8 * codes.size + 4096)
+        x = np.concatenate([rng.integers(0, size, 1000), codes, [0, size - 1]])
+        ordered = np.sort(codes)
+        np.testing.assert_array_equal(below.left(x), np.searchsorted(ordered, x, side="left"))
+        np.testing.assert_array_equal(below.right(x), np.searchsorted(ordered, x, side="right"))

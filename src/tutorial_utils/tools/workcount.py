@@ -18,6 +18,8 @@ How it stays fast: every valid key gets an integer code ``group * span + pos`` (
 batch row and segment id). The keys a query can see form one contiguous code interval,
 so a count is two ``np.searchsorted`` calls into the sorted codes of one rank's keys:
 O(S log S) per rank, a fraction of a second for the 2 x 65,536-token seed workload.
+:func:`count_work`, which the cost model calls for every layout, answers the same two
+questions with lookups into a running count over the code range (``_Below``).
 
 Counts are **per query head**; multiply by ``num_q_heads`` (or use :func:`attention_flops`).
 """
@@ -144,6 +146,39 @@ class _Coder:
 
     def sorted_codes(self, mask: np.ndarray) -> np.ndarray:
         return np.sort(self.code[mask & self.valid])
+
+
+class _Below:
+    """``below(x)``: how many of a set of integer codes are < ``x``, as ``np.searchsorted(sorted, x)`` gives.
+
+    Why: the cost model counts a million queries against every rank's keys, and binary searches
+    on unsorted queries were a third of its time. Codes are dense (row, segment, position)
+    numbers, so a running count over the code range answers each query with one lookup. Where
+    that range is much larger than the set (sparse ids or positions), it falls back to
+    ``np.searchsorted``.
+    """
+
+    def __init__(self, codes: np.ndarray, size: int):
+        codes = np.asarray(codes, np.int64)
+        if size <= 8 * codes.size + 4096:
+            self._table = np.zeros(size + 1, np.int64)
+            np.cumsum(np.bincount(codes, minlength=size), out=self._table[1:])
+            self._sorted = None
+        else:
+            self._table, self._sorted = None, np.sort(codes)
+
+    def left(self, x: np.ndarray) -> np.ndarray:
+        """Codes < x (``searchsorted(..., side="left")``)."""
+        return self._table[x] if self._sorted is None else np.searchsorted(self._sorted, x, side="left")
+
+    def right(self, x: np.ndarray) -> np.ndarray:
+        """Codes <= x (``searchsorted(..., side="right")``)."""
+        return self._table[x + 1] if self._sorted is None else np.searchsorted(self._sorted, x, side="right")
+
+
+def _distinct_sorted(values: np.ndarray) -> int:
+    """``len(np.unique(values))`` for values already in non-decreasing order."""
+    return int(values.size and 1 + np.count_nonzero(values[1:] != values[:-1]))
 
 
 def _counts_in(codes_sorted: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -381,29 +416,31 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
     code_l = local(coder.code)
     rank_l = np.broadcast_to(np.arange(cp)[:, None, None], ids_l.shape)
 
-    # sorted key codes of each rank's block, and of all keys
-    block_codes = [np.sort(code_l[k][valid_l[k]]) for k in range(cp)]
-    all_codes = np.sort(coder.code[coder.valid])
+    # key codes of each rank's block, and of all keys, as running counts over the code range
+    code_range = int(coder.code.max()) + 1 if coder.code.size else 1
+    block_codes = [_Below(code_l[k][valid_l[k]], code_range) for k in range(cp)]
+    all_codes = _Below(coder.code[coder.valid], code_range)
 
     matrix = np.zeros((cp, cp), np.int64)
     ring_tiles = np.zeros((cp, cp), np.int64) if tile is not None else None
     ring_full = np.zeros((cp, cp), np.int64) if tile is not None else None
     seg_run, seg_row = _runs_by_segment(ids_l)
     ag_run, ag_row = _runs_allgather(ids_l, pos_l)
-    ring_runs = np.array([len(np.unique(seg_run[k][seg_run[k] >= 0])) for k in range(cp)], np.int64)
-    ag_runs = np.array([len(np.unique(ag_run[k][ag_run[k] >= 0])) for k in range(cp)], np.int64)
+    # run ids come from a running count, so each rank's are non-decreasing
+    ring_runs = np.array([_distinct_sorted(seg_run[k][seg_run[k] >= 0]) for k in range(cp)], np.int64)
+    ag_runs = np.array([_distinct_sorted(ag_run[k][ag_run[k] >= 0]) for k in range(cp)], np.int64)
 
     vq = valid_l.reshape(-1)
     q_lo, q_hi, q_gs = lo_l.reshape(-1)[vq], hi_l.reshape(-1)[vq], gstart_l.reshape(-1)[vq]
     q_rank = rank_l.reshape(-1)[vq]
     for k in range(cp):
         codes_k = block_codes[k]
-        lo_i = np.searchsorted(codes_k, q_lo, side="left")
-        hi_i = np.searchsorted(codes_k, q_hi, side="right") - 1
+        lo_i = codes_k.left(q_lo)
+        hi_i = codes_k.right(q_hi) - 1
         cnt = hi_i - lo_i + 1
         matrix[:, k] = np.bincount(q_rank, weights=cnt, minlength=cp).astype(np.int64)
         if tile is not None:
-            base = np.searchsorted(codes_k, q_gs, side="left")
+            base = codes_k.left(q_gs)
             step = (q_rank - k) % cp  # rank r holds block k at step (r - k) mod cp
             owner = q_rank * cp + step
             t, f = _tile_counts(seg_run.reshape(-1)[vq], seg_row.reshape(-1)[vq], lo_i - base, hi_i - base,
@@ -413,9 +450,9 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
 
     ag_tiles = ag_full = None
     if tile is not None:
-        lo_i = np.searchsorted(all_codes, q_lo, side="left")
-        hi_i = np.searchsorted(all_codes, q_hi, side="right") - 1
-        base = np.searchsorted(all_codes, q_gs, side="left")
+        lo_i = all_codes.left(q_lo)
+        hi_i = all_codes.right(q_hi) - 1
+        base = all_codes.left(q_gs)
         ag_tiles, ag_full = _tile_counts(ag_run.reshape(-1)[vq], ag_row.reshape(-1)[vq], lo_i - base, hi_i - base,
                                          tq, tk, q_rank, cp)
 
