@@ -16,10 +16,9 @@ The right window bound never matters once causal applies (it is -1 or >= 0).
 
 How it stays fast: every valid key gets an integer code ``group * span + pos`` (group =
 batch row and segment id). The keys a query can see form one contiguous code interval,
-so a count is two ``np.searchsorted`` calls into the sorted codes of one rank's keys:
-O(S log S) per rank, a fraction of a second for the 2 x 65,536-token seed workload.
-:func:`count_work`, which the cost model calls for every layout, answers the same two
-questions with lookups into a running count over the code range (``_Below``).
+so a count is two lookups into a running count of one rank's keys over the code range
+(``_Below``; two ``np.searchsorted`` calls where that range is sparse): O(S) per rank, about a
+second for a 2 x 1M-token layout.
 
 Counts are **per query head**; multiply by ``num_q_heads`` (or use :func:`attention_flops`).
 """
@@ -143,13 +142,15 @@ class _Coder:
         self.lo = self.group * self.span + (np.maximum(lo_pos, self.pmin) - self.pmin)
         self.hi = self.code  # causal: pos_kv <= pos_q
         self.group_start = self.group * self.span
+        self.size = int(self.code.max()) + 1 if self.code.size else 1  # codes lie in [0, size)
 
-    def sorted_codes(self, mask: np.ndarray) -> np.ndarray:
-        return np.sort(self.code[mask & self.valid])
+    def below(self, mask: np.ndarray) -> "_Below":
+        """Running counts of the valid keys where ``mask`` holds."""
+        return _Below(self.code[mask & self.valid], self.size)
 
 
 class _Below:
-    """``below(x)``: how many of a set of integer codes are < ``x``, as ``np.searchsorted(sorted, x)`` gives.
+    """How many of a set of integer codes are < x (``left``) or <= x (``right``), as ``np.searchsorted`` gives.
 
     Why: the cost model counts a million queries against every rank's keys, and binary searches
     on unsorted queries were a third of its time. Codes are dense (row, segment, position)
@@ -181,8 +182,8 @@ def _distinct_sorted(values: np.ndarray) -> int:
     return int(values.size and 1 + np.count_nonzero(values[1:] != values[:-1]))
 
 
-def _counts_in(codes_sorted: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return np.searchsorted(codes_sorted, hi, side="right") - np.searchsorted(codes_sorted, lo, side="left")
+def _counts_in(codes: _Below, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return codes.right(hi) - codes.left(lo)
 
 
 def _rank_of(seq_len: int, cp: int, layout: str, stripe_size: int) -> np.ndarray:
@@ -205,7 +206,7 @@ def visible_pairs_per_query(segment_ids, segment_pos, window=(-1, 0)) -> np.ndar
     ids, pos = _check_ids_pos(segment_ids, segment_pos)
     left, _ = check_window(window)
     coder = _Coder(ids, pos, left)
-    counts = _counts_in(coder.sorted_codes(np.ones_like(coder.valid)), coder.lo, coder.hi)
+    counts = _counts_in(coder.below(np.ones_like(coder.valid)), coder.lo, coder.hi)
     return np.where(coder.valid, counts, 0)
 
 
@@ -229,7 +230,7 @@ def pair_matrix(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int, layou
     out = np.zeros((cp, cp), np.int64)
     q_rank = np.broadcast_to(rank[None, :], ids.shape)
     for k in range(cp):
-        codes_k = coder.sorted_codes(q_rank == k)
+        codes_k = coder.below(q_rank == k)
         counts = np.where(coder.valid, _counts_in(codes_k, coder.lo, coder.hi), 0)
         out[:, k] = np.bincount(q_rank.reshape(-1), weights=counts.reshape(-1), minlength=cp).astype(np.int64)
     return out
@@ -417,9 +418,8 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
     rank_l = np.broadcast_to(np.arange(cp)[:, None, None], ids_l.shape)
 
     # key codes of each rank's block, and of all keys, as running counts over the code range
-    code_range = int(coder.code.max()) + 1 if coder.code.size else 1
-    block_codes = [_Below(code_l[k][valid_l[k]], code_range) for k in range(cp)]
-    all_codes = _Below(coder.code[coder.valid], code_range)
+    block_codes = [_Below(code_l[k][valid_l[k]], coder.size) for k in range(cp)]
+    all_codes = coder.below(np.ones_like(coder.valid))
 
     matrix = np.zeros((cp, cp), np.int64)
     ring_tiles = np.zeros((cp, cp), np.int64) if tile is not None else None
