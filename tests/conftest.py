@@ -5,11 +5,12 @@ import os
 # The tests' arrays are tiny and XLA's compile is most of their time (see _build_test/test-times-py3.11.json):
 # they compile at XLA's lowest backend optimisation level, which cuts CPU compile time by about a
 # third. The site build and the benchmarks drop these flags and compile as a reader's run does.
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0").strip()
+                           + f" --xla_force_host_platform_device_count=8 {_FAST_COMPILE}").strip()
 # ... and so do the run's subprocesses (commands, recipes, launcher ranks), which build their own
 # XLA_FLAGS: importing tutorial_utils adds this before JAX starts (tools/compile_cache.add_run_flags)
-os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", "--xla_backend_optimization_level=0")
+os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", _FAST_COMPILE)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 

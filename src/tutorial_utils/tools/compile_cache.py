@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..gpu import jax_started as _jax_started  # standard library only, like this module
+
 #: The folder to cache compiled programs in; unset (the default) means no cache.
 ENV = "TUTORIAL_COMPILE_CACHE_DIR"
 #: XLA flags a test run adds to ``XLA_FLAGS`` in every process that imports tutorial_utils
@@ -241,11 +243,6 @@ def add_run_flags() -> list:
     if added:
         os.environ["XLA_FLAGS"] = " ".join(flags + added)
     return added
-
-
-def _jax_started() -> bool:
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    return bool(bridge is not None and bridge.backends_are_initialized())
 
 
 def enable_from_env() -> bool:
