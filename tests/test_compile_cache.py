@@ -87,3 +87,6 @@ def test_the_run_s_xla_flags_reach_a_subprocess_that_builds_its_own(monkeypatch)
     monkeypatch.setattr(compile_cache, "_jax_started", lambda: True)
     monkeypatch.setenv("XLA_FLAGS", "")
     assert compile_cache.add_run_flags() == [] and os.environ["XLA_FLAGS"] == ""
+    monkeypatch.setenv(compile_cache.FLAGS_ENV, "--xla_backend_optimization_level=0 O0")
+    with pytest.raises(ValueError, match=r"TUTORIAL_RUN_XLA_FLAGS=.*'O0' is not an XLA flag.*or unset"):
+        compile_cache.add_run_flags()

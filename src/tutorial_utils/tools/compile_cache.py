@@ -235,6 +235,10 @@ def add_run_flags() -> list:
     would no longer apply), and a flag the process already sets keeps its value.
     """
     extra = os.environ.get(FLAGS_ENV, "").split()
+    bad = [f for f in extra if not f.startswith("--xla_")]
+    if bad:
+        raise ValueError(f"{FLAGS_ENV}={os.environ[FLAGS_ENV]!r}: {bad[0]!r} is not an XLA flag; give flags such as "
+                         f"--xla_backend_optimization_level=0, separated by spaces, or unset {FLAGS_ENV}.")
     if not extra or _jax_started():
         return []
     flags = os.environ.get("XLA_FLAGS", "").split()
