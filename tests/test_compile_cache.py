@@ -90,3 +90,18 @@ def test_the_run_s_xla_flags_reach_a_subprocess_that_builds_its_own(monkeypatch)
     monkeypatch.setenv(compile_cache.FLAGS_ENV, "--xla_backend_optimization_level=0 O0")
     with pytest.raises(ValueError, match=r"TUTORIAL_RUN_XLA_FLAGS=.*'O0' is not an XLA flag.*or unset"):
         compile_cache.add_run_flags()
+
+
+def test_the_key_reads_the_environment_te_s_callbacks_read_and_no_more(monkeypatch):
+    """TE's ``NVTE_*`` and the stand-in's kernel choice change the key; the tutorial's other settings do not."""
+    for name in [k for k in os.environ if k.startswith(compile_cache.ENV_READ_BY_CALLBACKS)]:
+        monkeypatch.delenv(name)
+    base = compile_cache._global_state()
+    for name, value in (("TUTORIAL_TE_BACKEND", "te-cpu"), ("TUTORIAL_RECORDS_DIR", "/tmp/x"), (compile_cache.ENV, "/tmp/c")):
+        monkeypatch.setenv(name, value)
+    assert compile_cache._global_state() == base
+    for name, value in (("NVTE_FUSED_RING_ATTENTION_USE_SCAN", "0"), ("TUTORIAL_CPU_KERNEL", "jax")):
+        monkeypatch.setenv(name, value)
+        changed = compile_cache._global_state()
+        assert changed != base and f"{name}={value}" in changed
+        monkeypatch.delenv(name)

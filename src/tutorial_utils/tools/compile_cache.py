@@ -17,8 +17,9 @@ key is not safe for TE's context-parallel programs as they stand:
 
 So :func:`enable` keys each partitioned op by a fingerprint of everything its callback reads: the
 callback functions by qualified name, TE's static arguments, the mesh, the pytree structure, TE's
-global mesh resource, the ``NVTE_*`` and ``TUTORIAL_*`` environment, the stand-in's state and JAX's
-trace context. When any part of that fingerprint is not reproducible (it contains an address, or
+global mesh resource, the environment those callbacks read (TE's ``NVTE_*`` and the stand-in
+kernel's ``TUTORIAL_CPU_KERNEL*``), the stand-in's state, whether its compiled kernel loaded, and
+JAX's trace context. When any part of that fingerprint is not reproducible (it contains an address, or
 the callback is a closure), or the program has a host callback, the program is compiled and not
 cached. Entries are written to a temporary file and renamed, so a process never reads half of
 one another process is writing.
@@ -45,8 +46,13 @@ ENV = "TUTORIAL_COMPILE_CACHE_DIR"
 FLAGS_ENV = "TUTORIAL_RUN_XLA_FLAGS"
 
 _PARTITIONED = "CustomSPMDPartitioning"
-# environment variables TE's callbacks and the stand-in never read (the runner's own mark, this cache)
-_ENV_NOT_READ = {ENV, FLAGS_ENV, "TUTORIAL_TE_ON_CPU_RUNNER"}
+#: The environment a partition callback can read while it builds its program: TE's own settings
+#: (``NVTE_FUSED_RING_ATTENTION_USE_SCAN`` and the like) and which stand-in kernel te_on_cpu lowers
+#: (``TUTORIAL_CPU_KERNEL``). The tutorial's other variables (the facade's backend, records and
+#: build folders, this cache) choose what is traced, which JAX's key already sees, or nothing
+#: compiled at all; keying on them made the same TE program miss between processes that differ
+#: only there (a recipe run by the site build and the same command from a fresh clone).
+ENV_READ_BY_CALLBACKS = ("NVTE_", "TUTORIAL_CPU_KERNEL")
 _state = {"enabled": None, "uncached": 0}
 
 
@@ -100,8 +106,9 @@ def _global_state() -> str:
     te_on_cpu = sys.modules.get("tutorial_utils.tools.te_on_cpu")
     if te_on_cpu is not None:
         parts.append(repr(sorted(te_on_cpu._state.items())))
-    parts += [f"{k}={v}" for k, v in sorted(os.environ.items())
-              if k.startswith(("NVTE_", "TUTORIAL_")) and k not in _ENV_NOT_READ]
+        if te_on_cpu._state["installed"]:  # which kernel its lowering emits: the compiled one, or why not
+            parts.append(te_on_cpu.cpu_kernel.status())
+    parts += [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_READ_BY_CALLBACKS)]
     from jax._src import config as jax_config
 
     parts += [_plain_repr(item) for item in jax_config.trace_context()]
