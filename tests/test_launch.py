@@ -140,7 +140,7 @@ def test_two_processes_run_te_s_allgather_and_ring_like_one_process(tmp_path):
 def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
     # --on-failure wait: the launcher does not stop the others; JAX's coordination service must.
     proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "2",
-                         "--on-failure", "wait", "--heartbeat-timeout", "10", "--init-timeout", "40")
+                         "--on-failure", "wait", "--heartbeat-timeout", "5", "--init-timeout", "40")
     assert proc.returncode != 0
     assert wall < BOUND_S
     assert "rank 2 failed first" in proc.stderr
@@ -166,12 +166,12 @@ def test_the_launcher_stops_the_others_at_the_first_failure():
 @pytest.mark.slow
 def test_a_rank_that_never_starts_makes_initialization_time_out():
     proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--skip-rank", "3",
-                         "--init-timeout", "15", "--on-failure", "wait")
+                         "--init-timeout", "6", "--on-failure", "wait")
     assert proc.returncode == L.EXIT_INIT_TIMEOUT
     assert wall < 60
     assert "rank 3 is deliberately not started" in proc.stderr
     assert "Ranks 3 were never started" in proc.stderr
     for rank in (0, 1, 2):
         out = "\n".join(_rank_lines(proc.stdout, rank))
-        assert "distributed initialization timed out after 15 s" in out
+        assert "distributed initialization timed out after 6 s" in out
         assert "not all 4 processes joined the coordinator" in out
