@@ -22,10 +22,12 @@ help:
 	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, check it, time the seed workload"
 	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
 
+# uv where pip can install it (the same versions, in seconds instead of a minute), else pip;
+# TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py)
+INSTALL := src/tutorial_utils/tools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,docs]'
+	$(PYTHON) $(INSTALL) $(PY) -e '.[test,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -55,8 +57,7 @@ STAMP312 := $(VENV312)/.installed
 $(STAMP312): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-py312: no python3.12 found; install it (e.g. pyenv install 3.12) or set PYTHON312="; exit 1; }
 	test -x $(VENV312)/bin/python || $(PYTHON312) -m venv $(VENV312)
-	$(VENV312)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV312)/bin/python -m pip install --quiet 'jax>=0.11,<0.12' -e '.[test,docs]'
+	$(PYTHON312) $(INSTALL) $(VENV312)/bin/python 'jax>=0.11,<0.12' -e '.[test,docs]'
 	touch $(STAMP312)
 
 venv312: $(STAMP312)

@@ -1,0 +1,112 @@
+"""Install packages into a virtual environment with uv where it can be had, else with pip.
+
+Why: ``make docs`` and ``make test`` start by creating ``.venv`` (CI builds a second one for
+Python 3.12). pip takes about a minute for this project's ~120 wheels on a 2-core machine, most
+of it resolving and unpacking in Python; uv installs the same versions in seconds. So the
+Makefile calls::
+
+    python src/tutorial_utils/tools/venv_install.py .venv/bin/python -e '.[test,docs]'
+
+which upgrades the venv's pip and installs uv into the venv with that pip, then installs the
+requested packages with ``uv pip install``. uv does not read pip's configuration, so the index
+settings pip has (``pip config list``: index-url, extra-index-url, find-links, constraint, cert)
+are passed on to it, and both look at the same indexes and pins. Where uv cannot be installed
+or fails, the same install runs with pip, after one line saying why; ``TUTORIAL_INSTALLER=pip``
+asks for pip outright.
+
+It runs before the package is installed, so it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+CHOICES = ("auto", "uv", "pip")
+#: pip setting -> uv option (the multi-valued ones are space-separated in pip's configuration)
+_OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+            "constraint": "--constraint"}
+
+
+def pip_settings(python: str) -> Dict[str, List[str]]:
+    """pip's effective settings from ``pip config list`` (files and ``PIP_*`` variables), as lists."""
+    proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    settings: Dict[str, List[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        name = key.rsplit(".", 1)[-1]  # "global.find-links", ":env:.find-links" -> "find-links"
+        value = value.strip().strip("'\"")
+        if name in _OPTIONS or name == "cert":
+            settings.setdefault(name, [])
+            for item in value.split():
+                if item not in settings[name]:
+                    settings[name].append(item)
+    return settings
+
+
+def uv_command(uv: str, python: str, settings: Dict[str, List[str]], packages: Sequence[str]) -> List[str]:
+    """``uv pip install`` with pip's indexes; ``unsafe-best-match`` picks across indexes as pip does."""
+    cmd = [uv, "pip", "install", "--quiet", "--python", python, "--index-strategy", "unsafe-best-match"]
+    for name, option in _OPTIONS.items():
+        for value in settings.get(name, []):
+            if name in ("find-links", "constraint") and "://" not in value and not Path(value).exists():
+                continue  # pip skips a missing local path with a warning; uv would stop
+            cmd += [option, value]
+    return cmd + list(packages)
+
+
+def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> str:
+    """Install ``packages`` into the venv of ``python``; return which installer did it."""
+    if choice not in CHOICES:
+        raise ValueError(f"TUTORIAL_INSTALLER={choice!r} must be one of {', '.join(CHOICES)}; unset it to use uv "
+                         "where it installs, else pip.")
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    if choice != "pip":
+        why = None
+        uv = Path(python).with_name("uv")
+        if subprocess.run(pip + ["uv"]).returncode != 0 or not uv.exists():
+            why = "pip could not install uv"
+        else:
+            settings = pip_settings(python)
+            env = dict(os.environ)
+            if settings.get("cert") and "SSL_CERT_FILE" not in env:
+                env["SSL_CERT_FILE"] = settings["cert"][0]
+            cmd = uv_command(str(uv), python, settings, packages)
+            if subprocess.run(cmd, env=env).returncode == 0:
+                return "uv"
+            why = f"{shlex.join(cmd)} failed"
+        if choice == "uv":
+            raise RuntimeError(f"TUTORIAL_INSTALLER=uv, but {why}; unset TUTORIAL_INSTALLER to fall back to pip.")
+        print(f"venv_install: {why}; installing with pip instead", file=sys.stderr)
+    subprocess.run(pip + list(packages), check=True)
+    return "pip"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0].startswith("-"):
+        print("usage: python venv_install.py VENV_PYTHON PACKAGE_OR_PIP_ARG...  (e.g. .venv/bin/python -e '.[test]')",
+              file=sys.stderr)
+        return 2
+    python = args[0]
+    if not Path(python).exists():
+        print(f"venv_install: VENV_PYTHON={python!r} does not exist; create the venv first (python3 -m venv .venv).",
+              file=sys.stderr)
+        return 2
+    try:
+        install(python, args[1:], choice=os.environ.get("TUTORIAL_INSTALLER", "auto").strip().lower() or "auto")
+    except (ValueError, RuntimeError, subprocess.CalledProcessError) as err:
+        print(f"venv_install: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
