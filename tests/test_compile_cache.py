@@ -5,10 +5,12 @@ then load balanced again, each as a fresh jit, in its own process with an empty 
 configurations differ only in what TE's partition callback does, which JAX's key does not see.
 """
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +60,14 @@ def test_fingerprint_text_is_reproducible_or_refused():
     with pytest.raises(compile_cache._NotReproducible, match="not a module-level function"):
         compile_cache._name(lambda: None)
     assert compile_cache._name(json.dumps) == "json.dumps"
+    # a partial names its module-level function and bound arguments (the facade's placement guard is one)
+    assert compile_cache._name(functools.partial(json.dumps, "q", indent=2)) == "json.dumps(*('q',), **[('indent', 2)])"
+    with pytest.raises(compile_cache._NotReproducible, match="not a module-level function"):
+        compile_cache._name(functools.partial(lambda x: x, 1))
+    info = types.SimpleNamespace(partition=functools.partial(json.dumps, object()), infer_sharding_from_operands=None,
+                                 propagate_user_sharding=None, static_args=(), mesh=None, in_tree=None, out_tree=None)
+    with pytest.raises(compile_cache._NotReproducible, match="no reproducible text"):  # an object bound in
+        compile_cache._fingerprint(info, "")
 
 
 def test_a_path_that_is_not_a_folder_is_refused(tmp_path):

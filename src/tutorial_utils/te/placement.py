@@ -114,37 +114,44 @@ def _guard_message(name, mesh_shape, cp_axis, spec) -> str:
             f"'AssertionError: {cp_axis} is not a axis of the given mesh'. To fix, " + FIX.format(axis=cp_axis) + ".")
 
 
+def _checked_sharding(name: str, cp_axis: str, mesh, arg_shapes):
+    sharding = arg_shapes[0].sharding
+    shape = dict(getattr(mesh, "shape", {}) or {})
+    if cp_axis not in shape or not sharded_over(sharding, cp_axis, 1):
+        raise ValueError(_guard_message(name, shape, cp_axis, getattr(sharding, "spec", sharding)))
+    return sharding
+
+
+def _guard_infer(mesh, arg_shapes, result_shape):
+    del mesh, result_shape
+    return arg_shapes[0].sharding
+
+
+def _identity(x):
+    return x
+
+
+def _guard_partition(name: str, cp_axis: str, mesh, arg_shapes, result_shape):
+    del result_shape
+    sharding = _checked_sharding(name, cp_axis, mesh, arg_shapes)
+    return mesh, _identity, sharding, (sharding,)
+
+
 @functools.lru_cache(maxsize=None)
 def _guard(name: str, cp_axis: str, ndim: int):
     """An identity whose partition callback checks the sharding XLA settled on for one input.
 
     This runs where TE's own partitioner would assert (the placement was not visible when
     ``fused_attn`` was traced), and raises a ``ValueError`` that names the input and the fix.
+    The callbacks are module-level functions bound with ``functools.partial`` (not closures),
+    so the test run's compilation cache can name them and cache the programs that use them.
     """
     from jax.experimental.custom_partitioning import custom_partitioning
 
-    @custom_partitioning
-    def ident(x):
-        return x
-
-    def check(mesh, arg_shapes):
-        sharding = arg_shapes[0].sharding
-        shape = dict(getattr(mesh, "shape", {}) or {})
-        if cp_axis not in shape or not sharded_over(sharding, cp_axis, 1):
-            raise ValueError(_guard_message(name, shape, cp_axis, getattr(sharding, "spec", sharding)))
-        return sharding
-
-    def infer(mesh, arg_shapes, result_shape):
-        del result_shape
-        return arg_shapes[0].sharding
-
-    def partition(mesh, arg_shapes, result_shape):
-        del result_shape
-        sharding = check(mesh, arg_shapes)
-        return mesh, (lambda x: x), sharding, (sharding,)
-
+    ident = custom_partitioning(_identity)
     letters = " ".join(f"d{i}" for i in range(ndim))
-    ident.def_partition(infer_sharding_from_operands=infer, partition=partition,
+    ident.def_partition(infer_sharding_from_operands=_guard_infer,
+                        partition=functools.partial(_guard_partition, name, cp_axis),
                         sharding_rule=f"{letters} -> {letters}")
 
     @jax.custom_vjp

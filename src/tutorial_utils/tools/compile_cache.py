@@ -31,6 +31,7 @@ up. A reader's notebooks and the examples never use it unless that variable is s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -91,6 +92,8 @@ class _NotReproducible(Exception):
 def _name(fn) -> str:
     if fn is None:
         return "None"
+    if isinstance(fn, functools.partial):  # a module-level function with its bound arguments
+        return f"{_name(fn.func)}(*{_plain_repr(fn.args)}, **{_plain_repr(sorted(fn.keywords.items()))})"
     qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
     if qualname is None or module is None or "<locals>" in qualname or "<lambda>" in qualname:
         raise _NotReproducible(f"callback {fn!r} is not a module-level function")
