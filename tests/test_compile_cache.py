@@ -115,3 +115,31 @@ def test_the_key_reads_the_environment_te_s_callbacks_read_and_no_more(monkeypat
         changed = compile_cache._global_state()
         assert changed != base and f"{name}={value}" in changed
         monkeypatch.delenv(name)
+
+
+def test_a_program_over_several_cpu_processes_gets_one_key_in_every_process():
+    """Ranks report different CPU topologies; the key takes the devices' kinds and ids, so all ranks share it."""
+    import hashlib
+
+    from jax._src import cache_key
+
+    compile_cache._share_between_cpu_processes()  # what enable() does (idempotent)
+    patched = cache_key._hash_accelerator_config
+    assert patched.__wrapped__ is not None
+
+    def digest(devices):
+        h = hashlib.sha256()
+        patched(h, np.array(devices, dtype=object))
+        return h.hexdigest()
+
+    rank = lambda i, p, kind="cpu": types.SimpleNamespace(id=i, process_index=p, platform="cpu", device_kind=kind)  # noqa: E731
+    two_ranks = [rank(0, 0), rank(1, 1)]
+    assert digest(two_ranks) == digest([rank(0, 0), rank(1, 1)])    # the same in every process
+    assert digest(two_ranks) != digest([rank(0, 0), rank(2, 1)])    # other devices, another key
+    assert digest(two_ranks) != digest([rank(0, 0), rank(1, 1, "other")])
+    import jax
+
+    local = list(jax.devices()[:2])  # one process: JAX's own key, untouched
+    want = hashlib.sha256()
+    patched.__wrapped__(want, np.array(local, dtype=object))
+    assert digest(local) == want.hexdigest()

@@ -24,6 +24,10 @@ the callback is a closure), or the program has a host callback, the program is c
 cached. Entries are written to a temporary file and renamed, so a process never reads half of
 one another process is writing.
 
+In a ``jax.distributed`` run on CPU (the launcher's ranks), a program over several processes is
+keyed by its devices rather than by each process's own view of the topology, and the first
+process compiles it and hands it to the others (:func:`_share_between_cpu_processes`).
+
 It is for the tutorial's own runs: ``tests/conftest.py`` points :data:`ENV` at a folder the test
 run creates and deletes at its start, and every process that imports :mod:`tutorial_utils` picks it
 up. A reader's notebooks and the examples never use it unless that variable is set.
@@ -227,6 +231,7 @@ def enable(path: str | os.PathLike) -> bool:
 
     compiler._get_cache_key = safe_cache_key
     compilation_cache.get_file_cache = lambda p: (_AtomicFileCache(p), p)
+    _share_between_cpu_processes()
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
@@ -235,6 +240,37 @@ def enable(path: str | os.PathLike) -> bool:
     jax.config.update("jax_traceback_in_locations_limit", 0)
     _state["enabled"] = True
     return True
+
+
+def _share_between_cpu_processes() -> None:
+    """One compile per multi-process CPU program instead of one per process (the launcher's ranks).
+
+    JAX keys a program by the topology its process reports, and on CPU each process of a
+    ``jax.distributed`` run reports its own, so every rank compiled the same program and none
+    hit the others' entry. For a program whose devices span several CPU processes, the key
+    takes the devices' kinds and global ids instead (what the program runs on; the module,
+    the compile options with their device assignment and the XLA flags stay in the key), and
+    ``jax_share_binary_between_hosts`` lets the first process compile and hand the executable
+    to the others through the distributed runtime. Single-process keys are unchanged.
+    """
+    import jax
+    from jax._src import cache_key
+
+    original = getattr(cache_key, "_hash_accelerator_config", None)
+    if original is None or not hasattr(cache_key, "_hash_string") or hasattr(original, "__wrapped__"):
+        return  # another JAX (keep its keys: the ranks then compile for themselves), or done already
+
+    def accelerator_config(hash_obj, accelerators):
+        devices = list(accelerators.flat)
+        if len({d.process_index for d in devices}) > 1 and all(d.platform == "cpu" for d in devices):
+            for d in devices:
+                cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
+            return None
+        return original(hash_obj, accelerators)
+
+    accelerator_config.__wrapped__ = original
+    cache_key._hash_accelerator_config = accelerator_config
+    jax.config.update("jax_share_binary_between_hosts", True)
 
 
 def add_run_flags() -> list:
