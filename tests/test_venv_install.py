@@ -22,8 +22,8 @@ def test_pip_s_settings_reach_uv_and_a_missing_local_path_is_skipped(tmp_path, m
     assert settings["extra-index-url"][-2:] == ["file:///srv/a/simple", "https://example.org/simple"]
     assert str(links) in settings["find-links"]
     cmd = V.uv_command("uv", "/venv/bin/python", settings, ["-e", ".[test]"])
-    assert cmd[:8] == ["uv", "pip", "install", "--quiet", "--python", "/venv/bin/python", "--index-strategy",
-                       "unsafe-best-match"]
+    assert cmd[:9] == ["uv", "pip", "install", "--quiet", "--compile-bytecode", "--python", "/venv/bin/python",
+                       "--index-strategy", "unsafe-best-match"]  # bytecode at install time, as pip writes it
     assert cmd[-2:] == ["-e", ".[test]"]
     pairs = list(zip(cmd, cmd[1:]))
     assert ("--extra-index-url", "https://example.org/simple") in pairs and ("--find-links", str(links)) in pairs
