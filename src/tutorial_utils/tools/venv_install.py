@@ -2,7 +2,8 @@
 
 Why: ``make docs`` and ``make test`` start by creating ``.venv`` (CI builds a second one for
 Python 3.12). pip takes about a minute for this project's ~120 wheels on a 2-core machine, most
-of it resolving and unpacking in Python; uv installs the same versions in seconds. So the
+of it resolving and unpacking in Python; uv installs the same versions, bytecode included, in
+about half that (30 s against 66 s here). So the
 Makefile calls::
 
     python src/tutorial_utils/tools/venv_install.py .venv/bin/python -e '.[test,docs]'
