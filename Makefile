@@ -4,12 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv venv312 test test-fast test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
+.PHONY: help venv venv312 test test-fast test-ledger test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
 	@echo "make test      - create .venv if needed and run the whole test suite (includes the site build)"
 	@echo "make test-fast - unit tests only (no site build, no browser)"
+	@echo "make test-ledger - make test, recording every Python process's CPU and XLA compiles; prints where it went"
 	@echo "make test-py312- the JAX-facing unit tests again under Python 3.12 with JAX 0.11 (.venv312)"
 	@echo "make serve     - build the site if needed, then serve _build/html on http://127.0.0.1:8000"
 	@echo "make lab       - open the notebooks in JupyterLab"
@@ -38,6 +39,15 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	bash tests/setup_browser.sh
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
+# make test with every Python process recorded (CPU, XLA compiles, cache hits): tools/run_ledger.py
+LEDGER := test-artifacts/run-ledger.jsonl
+test-ledger: $(STAMP)
+	mkdir -p test-artifacts && rm -f $(LEDGER)
+	$(PY) -m tutorial_utils.tools.run_ledger install
+	TUTORIAL_RUN_LEDGER=$(CURDIR)/$(LEDGER) $(MAKE) test; rc=$$?; \
+	  $(PY) -m tutorial_utils.tools.run_ledger uninstall; \
+	  $(PY) -m tutorial_utils.tools.run_ledger report $(LEDGER); exit $$rc
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
