@@ -74,6 +74,8 @@ def test_emulated_ranks_on_one_device(tmp_path):
     assert "emulated" in rec["notes"] and "emulated" in rec["label"]  # ... clearly labelled as emulated
     assert rec["hardware"]["device_count"] == 1
     assert rec["config"]["emulate_ranks"] == 4 and rec["config"]["link_gbps"] == 100
+    # the reference kernel's sub-problems compile at XLA's default level, not the run's level 0: the record says so
+    assert rec["config"]["reference_kernel_xla_options"] == {"xla_backend_optimization_level": 3}
     by = {r["strategy"]: r for r in rec["results"]}
     assert not by["single"].get("emulated")
     for name in ("ring", "allgather", "ulysses"):

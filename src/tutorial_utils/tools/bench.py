@@ -760,6 +760,14 @@ def _time_cp(wl, data, case: _Case, cp: int, warmup, iters):
         return time_fn(fn, qkv, desc, dout_r, warmup=warmup, iters=iters)
 
 
+#: The pure-JAX reference kernel is code XLA generates, so its speed follows XLA's backend
+#: optimisation level, while TE's path spends its time in cuDNN or the stand-in's compiled C++
+#: kernel. Its emulated sub-problems are compiled at XLA's default CPU level whatever
+#: ``XLA_FLAGS`` says: the test run's fast-compile flag (level 0) made them run 2 to 3 times
+#: slower, which made the emulated prediction depend on a compile setting.
+REFERENCE_KERNEL_XLA_OPTIONS = {"xla_backend_optimization_level": 3}
+
+
 def _emulated_fns(kernel: str, wl, window):
     """``(make_args(sub), fn)`` pairs: ``fn(*args)`` runs one sub-problem's forward+backward."""
     import jax
@@ -776,7 +784,7 @@ def _emulated_fns(kernel: str, wl, window):
                                          block_q=_block(qq.shape[1], 128), block_kv=_block(kk.shape[1], 128))
             return _loss(out, dout)
 
-        return jax.jit(jax.value_and_grad(loss_fn))
+        return jax.jit(jax.value_and_grad(loss_fn), compiler_options=REFERENCE_KERNEL_XLA_OPTIONS)
 
     def loss_fn(qkv, calls, dout, max_segments, bottom_right_windows):
         total = 0.0
@@ -981,6 +989,8 @@ def run(argv: Optional[Sequence[str]] = None) -> dict:
     })
     if emulate:
         config.update({"link_gbps": link_gbps, "link_gbps_source": link_source})
+        if kernel == "reference":  # compiled with these, whatever XLA_FLAGS in the record's environment says
+            config["reference_kernel_xla_options"] = dict(REFERENCE_KERNEL_XLA_OPTIONS)
     notes = []
     if emulate:
         notes.append(f"emulated: each of {cp} ranks' sub-problems was timed one at a time on ONE {device_kind} "
