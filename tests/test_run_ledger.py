@@ -61,6 +61,19 @@ def test_a_hooked_process_records_its_cpu_compiles_and_cache_hits(tmp_path):
     assert not run_ledger.uninstall(str(site_dir))
 
 
+def test_two_site_folders_with_the_hook_record_a_process_once(tmp_path):
+    """Under ``make test-ledger`` the venv has the line and so does the test's own folder: one record, not two."""
+    sites = [tmp_path / "venv-site", tmp_path / "test-site"]
+    for site_dir in sites:
+        site_dir.mkdir()
+        run_ledger.install(str(site_dir))
+    ledger = tmp_path / "ledger.jsonl"
+    program = "import site, sys; [site.addsitedir(d) for d in sys.argv[1:]]"
+    subprocess.run([sys.executable, "-c", program, *map(str, sites)], check=True, timeout=60,
+                   env={**os.environ, run_ledger.ENV: str(ledger)})
+    assert [r["k"] for r in run_ledger.read(ledger)] == ["proc"]
+
+
 def test_a_cache_that_is_missed_twice_is_counted(tmp_path):
     rows = [{"k": "read", "pid": 1, "s": 0.0, "key": "k1", "hit": False},
             {"k": "read", "pid": 2, "s": 0.0, "key": "k1", "hit": False},

@@ -92,6 +92,9 @@ class _OnCompilerImport:
         return spec
 
 
-if _LOG:
+# Once per process: a second site folder with the line (a venv's and a test's own) must not
+# record every compile twice.
+if _LOG and not getattr(sys, "_tutorial_run_ledger", False):
+    sys._tutorial_run_ledger = True
     atexit.register(_at_exit, time.time())
     sys.meta_path.insert(0, _OnCompilerImport())
