@@ -345,7 +345,7 @@ _GPU = "needs a GPU node (seed preset, real TE, 4 GPUs)"
 HANDLED: Dict[str, object] = {
     # ---- README: quick start and GPU node
     "make docs": MakeDry("builds the whole site; tests/test_site.py builds it already", ("sphinx", "_build/html")),
-    "make test": MakeDry("runs the suite, this test included: recursion", ("pytest", "setup_browser.sh")),
+    "make test": MakeDry("runs the suite, this test included: recursion", ("pytest", "setup_machine.sh")),
     "make gpu-setup": MakeDry("needs a CUDA node", ("gpu_setup", "transformer-engine")),
     "make gpu-check": MakeDry("needs a GPU node", ("tutorial_utils.tools.check --out results/checks/gpu-check.json",)),
     "make gpu-bundle": MakeDry("downloads ~290 MB of CUDA wheels", ("gpu_setup bundle",)),

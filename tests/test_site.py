@@ -181,7 +181,7 @@ def _chromium_path() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.fail("No Chromium found on PATH (or in CHROMIUM_PATH): run `bash tests/setup_browser.sh`.")
+    pytest.fail("No Chromium found on PATH (or in CHROMIUM_PATH): run `bash tests/setup_machine.sh`.")
 
 
 @pytest.fixture(scope="session")
@@ -189,7 +189,7 @@ def browser(built_site):
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("The playwright package is missing: `pip install -e '.[test]'` or `bash tests/setup_browser.sh`.")
+        pytest.fail("The playwright package is missing: `pip install -e '.[test]'` or `bash tests/setup_machine.sh`.")
     pw = sync_playwright().start()
     try:
         b = pw.chromium.launch(executable_path=_chromium_path(), headless=True, args=CHROMIUM_FLAGS)

@@ -104,6 +104,8 @@ class _TimeTable:
             "schema": "test-times/1",
             "session_wall_s": round(time.monotonic() - self.started, 1),
             "workers": os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(self.config.option, "numprocesses", None) or 1,
+            # the allocator the run's processes were given (make test preloads TCMalloc when it can)
+            "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
                      "own process, backend_compile_s its XLA part; cache_hits = persistent compilation cache hits"),
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
