@@ -30,3 +30,18 @@ if os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0" and "TUTORIAL_COMPI
     shutil.rmtree(_cache, ignore_errors=True)
     _cache.mkdir(parents=True)
     os.environ["TUTORIAL_COMPILE_CACHE_DIR"] = str(_cache)
+
+
+def pytest_collection_finish(session):
+    """Python's cyclic GC, tuned for a worker that holds every test module and JAX's caches.
+
+    Freezing what collection imported moves it out of every later full collection, and larger
+    thresholds collect less often: on tests/test_context_parallel.py + test_reference.py, GC went
+    from 2.4 CPU s in 2,461 collections to 0.35 s in 310. Only collection timing changes; what
+    is garbage still gets collected.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20000, 20, 20)

@@ -55,3 +55,11 @@ def test_the_run_itself_is_on_what_make_test_preloaded():
     if "libtcmalloc" not in preload:
         pytest.skip("not started by make test with TCMalloc (LD_PRELOAD does not name it)")
     assert "libtcmalloc" in Path("/proc/self/maps").read_text()
+
+
+def test_this_worker_collects_garbage_as_conftest_set_it():
+    """tests/conftest.py freezes what collection imported and raises the GC thresholds (its docstring has the figures)."""
+    import gc
+
+    assert gc.get_threshold() == (20000, 20, 20)
+    assert gc.get_freeze_count() > 10000  # the test modules, JAX, TE, numpy...
