@@ -26,7 +26,7 @@ def test_skipped():
 def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     (tmp_path / "test_inner.py").write_text(INNER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "JAX_PLATFORMS": "cpu", "LD_PRELOAD": os.environ.get("LD_PRELOAD", "")}
+           "JAX_PLATFORMS": "cpu", "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "time_table", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -39,6 +39,6 @@ def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     assert rows["test_compiles"]["compile_s"] <= rows["test_compiles"]["wall_s"] + 1e-3
     assert rows["test_no_jax"]["compile_s"] == 0
     assert rows["test_skipped"]["outcome"] == "skipped" and rows["test_compiles"]["outcome"] == "passed"
-    assert table["ld_preload"] == env["LD_PRELOAD"]
+    assert table["ld_preload"] == env["LD_PRELOAD"] and table["openblas_num_threads"] == "1"
     (file_row,) = table["files"].values()
     assert file_row["tests"] == 3 and abs(file_row["wall_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01

@@ -106,6 +106,7 @@ class _TimeTable:
             "workers": os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(self.config.option, "numprocesses", None) or 1,
             # the allocator the run's processes were given (make test preloads TCMalloc when it can)
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
+            "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
             "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
                      "own process, backend_compile_s its XLA part; cache_hits = persistent compilation cache hits"),
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
