@@ -54,8 +54,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     else
         echo "setup_machine: installing Debian's ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update && apt-get install -y --no-install-recommends "${missing[@]}" \
-            || echo "setup_machine: apt-get could not install ${missing[*]}" >&2
+        # together (one transaction), else one by one, so that one missing package does not
+        # keep the other from being installed
+        apt-get update && apt-get install -y --no-install-recommends "${missing[@]}" || \
+            for package in "${missing[@]}"; do
+                apt-get install -y --no-install-recommends "$package" \
+                    || echo "setup_machine: apt-get could not install $package" >&2
+            done
     fi
 fi
 
