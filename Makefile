@@ -40,7 +40,7 @@ PYTEST_WORKERS ?= 2
 # it): about a tenth less CPU for XLA's compiles; TUTORIAL_FAST_MALLOC=0 runs with glibc's malloc.
 # And one OpenBLAS thread: numpy's idle BLAS threads spin, 1.6 % of a TE compile's CPU, on cores
 # the run already keeps busy.
-PRELOAD = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
+RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	LD_PRELOAD="$$(bash tests/setup_machine.sh --malloc)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 # Bytecode for the package and the tests, once (0.3 s): where PYTHONDONTWRITEBYTECODE is set, as
 # on CI, each of the run's ~130 processes would otherwise compile them again (~0.1 s each).
@@ -48,7 +48,7 @@ BYTECODE = -m compileall -q src tests > /dev/null
 test: $(STAMP)
 	bash tests/setup_machine.sh
 	$(PY) $(BYTECODE)
-	$(PRELOAD) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(RUN_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # make test with every Python process recorded (CPU, XLA compiles, cache hits): tools/run_ledger.py
 LEDGER := test-artifacts/run-ledger.jsonl
@@ -60,7 +60,7 @@ test-ledger: $(STAMP)
 	  $(PY) -m tutorial_utils.tools.run_ledger report $(LEDGER); exit $$rc
 
 test-fast: $(STAMP)
-	$(PRELOAD) $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+	$(RUN_ENV) $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 # The second tested stack: Python 3.12 with JAX 0.11. The full suite runs on 3.11 + JAX 0.10;
 # this leg runs the tests that exercise JAX itself (TE's JAX code on CPU, the reference
@@ -84,7 +84,7 @@ venv312: $(STAMP312)
 
 test-py312: $(STAMP312)
 	$(VENV312)/bin/python $(BYTECODE)
-	$(PRELOAD) $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
+	$(RUN_ENV) $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
 	  -n $(PYTEST_WORKERS) --dist loadfile $(PY312_TESTS) -k "$(PY312_SELECT)"
 
 docs: $(STAMP)

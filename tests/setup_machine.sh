@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What `make test` needs from the machine, installed when missing (idempotent; `make test` and
-# `make test-py312` run it before pytest):
+# What `make test` needs from the machine, installed when missing (idempotent; `make test` runs
+# it before pytest, and the test targets call `--malloc` for the library to preload):
 #
 # * a Chromium on the PATH and the Playwright Python package in the venv, for the browser test
 #   (tests/test_site.py). Playwright drives the system Chromium (executable_path); it never

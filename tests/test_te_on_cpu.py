@@ -325,6 +325,7 @@ def _slots(batch, seq, slot, fill):
     return ids, pos
 
 
+CP_MATRIX_SHAPE = (2, 256)  # (batch, seq) of every CP matrix case
 # (cp, strategy, stripe, window, dtype)
 CP_CASES = [
     (2, "allgather", 1, (20, 0), jnp.float32), (2, "allgather", 128, None, jnp.float32),
@@ -341,7 +342,7 @@ CP_CASES = [
                          ids=[f"cp{c}-{s}-stripe{t}-{'swa' if w else 'full'}-{np.dtype(d).name}"
                               for c, s, t, w, d in CP_CASES])
 def test_context_parallel_matches_oracle(cp, strategy, stripe, window, dtype):
-    batch, seq, slot = 2, 256, 64
+    (batch, seq), slot = CP_MATRIX_SHAPE, 64
     ids, pos = _slots(batch, seq, slot, 48)
     assert first_violation(ids, pos, max_segments_per_seq=6, cp_size=cp, stripe_size=stripe, strategy=strategy,
                            window_size=window) is None
@@ -406,7 +407,7 @@ _MATRIX_FP32 = {(cp, strategy, stripe, window) for cp, strategy, stripe, window,
 def _te_is_right(cp, strategy, stripe, window, ids, pos):
     batch, seq = ids.shape
     q, k, v, dout = _qkv(5, batch, seq, seq, 4, 2, jnp.float32)
-    if (batch, seq) == (2, 256) and (cp, strategy, stripe, window) in _MATRIX_FP32:
+    if (batch, seq) == CP_MATRIX_SHAPE and (cp, strategy, stripe, window) in _MATRIX_FP32:
         fn = _cp_fn(cp, strategy, stripe, window, jnp.float32, batch, seq, 6)  # the matrix's own call
     else:
         fn = _cp_fn(cp, strategy, stripe, window, jnp.float32, batch, seq, 6, backward=False)
