@@ -23,8 +23,9 @@ help:
 	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, check it, time the seed workload"
 	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
 
-# uv where pip can install it (the same versions, with bytecode, in about 30 s instead of 66 s), else pip;
-# TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py)
+# uv where pip can install it (the same versions in about 10 s instead of 66 s), else pip;
+# TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py). Neither compiles
+# bytecode at install time: see PYC below.
 INSTALL := src/tutorial_utils/tools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,13 +43,15 @@ PYTEST_WORKERS ?= 2
 # the run already keeps busy.
 RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	LD_PRELOAD="$$(bash tests/setup_machine.sh --malloc)$${LD_PRELOAD:+ $$LD_PRELOAD}"
-# Bytecode for the package and the tests, once (0.3 s): where PYTHONDONTWRITEBYTECODE is set, as
-# on CI, each of the run's ~130 processes would otherwise compile them again (~0.1 s each).
-BYTECODE = -m compileall -q src tests > /dev/null
+# Bytecode: the first process that imports a module writes its .pyc (under .venv, src/ and tests/,
+# all ignored by git), and every later process reads it. PYTHONDONTWRITEBYTECODE, which CI sets,
+# would make each of a run's ~130 processes compile jax's, TE's and this package's sources again
+# (about 10 CPU s per process that imports the lot), so these targets clear it. Compiling only what
+# is imported costs a quarter of compiling the whole venv at install time (tools/venv_install.py).
+PYC = PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
 	bash tests/setup_machine.sh
-	$(PY) $(BYTECODE)
-	$(RUN_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(PYC) $(RUN_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # make test with every Python process recorded (CPU, XLA compiles, cache hits): tools/run_ledger.py
 LEDGER := test-artifacts/run-ledger.jsonl
@@ -60,7 +63,7 @@ test-ledger: $(STAMP)
 	  $(PY) -m tutorial_utils.tools.run_ledger report $(LEDGER); exit $$rc
 
 test-fast: $(STAMP)
-	$(RUN_ENV) $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+	$(PYC) $(RUN_ENV) $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 # The second tested stack: Python 3.12 with JAX 0.11. The full suite runs on 3.11 + JAX 0.10;
 # this leg runs the tests that exercise JAX itself (TE's JAX code on CPU, the reference
@@ -83,12 +86,11 @@ $(STAMP312): pyproject.toml
 venv312: $(STAMP312)
 
 test-py312: $(STAMP312)
-	$(VENV312)/bin/python $(BYTECODE)
-	$(RUN_ENV) $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
+	$(PYC) $(RUN_ENV) $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
 	  -n $(PYTEST_WORKERS) --dist loadfile $(PY312_TESTS) -k "$(PY312_SELECT)"
 
 docs: $(STAMP)
-	$(PY) -m sphinx -b html -W --keep-going -j 1 . _build/html
+	$(PYC) $(PY) -m sphinx -b html -W --keep-going -j 1 . _build/html
 
 docs-clean:
 	rm -rf _build

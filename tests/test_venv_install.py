@@ -22,8 +22,8 @@ def test_pip_s_settings_reach_uv_and_a_missing_local_path_is_skipped(tmp_path, m
     assert settings["extra-index-url"][-2:] == ["file:///srv/a/simple", "https://example.org/simple"]
     assert str(links) in settings["find-links"]
     cmd = V.uv_command("uv", "/venv/bin/python", settings, ["-e", ".[test]"])
-    assert cmd[:9] == ["uv", "pip", "install", "--quiet", "--compile-bytecode", "--python", "/venv/bin/python",
-                       "--index-strategy", "unsafe-best-match"]  # bytecode at install time, as pip writes it
+    assert cmd[:8] == ["uv", "pip", "install", "--quiet", "--python", "/venv/bin/python",
+                       "--index-strategy", "unsafe-best-match"]  # no bytecode: written on first import
     assert cmd[-2:] == ["-e", ".[test]"]
     pairs = list(zip(cmd, cmd[1:]))
     assert ("--extra-index-url", "https://example.org/simple") in pairs and ("--find-links", str(links)) in pairs
@@ -55,7 +55,7 @@ def test_uv_installs_and_a_failing_uv_falls_back_to_pip_with_the_same_packages(t
     if uv_ok:
         assert len(calls) == 3
     else:
-        assert calls[3] == [str(python), "-m", "pip", "install", "--quiet", "-e", ".[test]"]
+        assert calls[3] == [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-e", ".[test]"]
         assert "failed; installing with pip instead" in capsys.readouterr().err
 
 

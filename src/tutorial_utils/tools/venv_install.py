@@ -2,8 +2,7 @@
 
 Why: ``make docs`` and ``make test`` start by creating ``.venv`` (CI builds a second one for
 Python 3.12). pip takes about a minute for this project's ~120 wheels on a 2-core machine, most
-of it resolving and unpacking in Python; uv installs the same versions, bytecode included, in
-about half that (30 s against 66 s here). So the
+of it resolving and unpacking in Python; uv installs the same versions in seconds. So the
 Makefile calls::
 
     python src/tutorial_utils/tools/venv_install.py .venv/bin/python -e '.[test,docs]'
@@ -14,6 +13,12 @@ settings pip has (``pip config list``: index-url, extra-index-url, find-links, c
 are passed on to it, and both look at the same indexes and pins. Where uv cannot be installed
 or fails, the same install runs with pip, after one line saying why; ``TUTORIAL_INSTALLER=pip``
 asks for pip outright.
+
+Neither installer writes bytecode at install time (uv's default; ``--no-compile`` for pip).
+Compiling the whole venv's ~8,200 source files took 44 of the 48 CPU seconds of a uv install
+on a 2-core machine (9 s without), and a run imports about a quarter of them: the Makefile's
+targets let Python write each module's ``.pyc`` when it is first imported, which cost 9.5 CPU
+seconds for everything the tests, notebooks and site build import (``PYC`` in the Makefile).
 
 It runs before the package is installed, so it uses the standard library only.
 """
@@ -53,10 +58,8 @@ def pip_settings(python: str) -> Dict[str, List[str]]:
 
 def uv_command(uv: str, python: str, settings: Dict[str, List[str]], packages: Sequence[str]) -> List[str]:
     """``uv pip install`` with pip's indexes; ``unsafe-best-match`` picks across indexes as pip does."""
-    # --compile-bytecode: pip writes .pyc files at install time and uv does not. Where Python may
-    # not write them later (PYTHONDONTWRITEBYTECODE, a read-only venv), every process would
-    # compile jax's and TE's sources again on import: this suite ran about a fifth slower.
-    cmd = [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", python, "--index-strategy",
+    # no --compile-bytecode: the modules a run imports get their .pyc on first import (module docstring)
+    cmd = [uv, "pip", "install", "--quiet", "--python", python, "--index-strategy",
            "unsafe-best-match"]
     for name, option in _OPTIONS.items():
         for value in settings.get(name, []):
@@ -73,6 +76,7 @@ def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> st
                          "where it installs, else pip.")
     pip = [python, "-m", "pip", "install", "--quiet"]
     subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    no_bytecode = ["--no-compile"]  # as uv: bytecode on first import (module docstring)
     if choice != "pip":
         why = None
         uv = Path(python).with_name("uv")
@@ -90,7 +94,7 @@ def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> st
         if choice == "uv":
             raise RuntimeError(f"TUTORIAL_INSTALLER=uv, but {why}; unset TUTORIAL_INSTALLER to fall back to pip.")
         print(f"venv_install: {why}; installing with pip instead", file=sys.stderr)
-    subprocess.run(pip + list(packages), check=True)
+    subprocess.run(pip + no_bytecode + list(packages), check=True)
     return "pip"
 
 
