@@ -12,6 +12,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 # XLA_FLAGS: importing tutorial_utils adds this before JAX starts (tools/compile_cache.add_run_flags)
 os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", _FAST_COMPILE)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every process of the run that imports tutorial_utils freezes what it has imported and collects
+# garbage less often (tools/run_gc.py says why); the workers do the same after collection, below.
+os.environ.setdefault("TUTORIAL_RUN_GC_THRESHOLDS", "20000 20 20")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
 # per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json (tests/time_table.py)
@@ -40,8 +43,6 @@ def pytest_collection_finish(session):
     from 2.4 CPU s in 2,461 collections to 0.35 s in 310. Only collection timing changes; what
     is garbage still gets collected.
     """
-    import gc
+    from tutorial_utils.tools import run_gc
 
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20000, 20, 20)
+    run_gc.tune_from_env(collect_first=True)

@@ -1,8 +1,10 @@
-"""tests/setup_machine.sh: the TCMalloc that ``make test`` preloads, and what preloading it does.
+"""How ``make test`` runs its processes: the TCMalloc it preloads, and the garbage collector's settings.
 
-``--malloc`` prints the library to preload, or nothing (no TCMalloc, or TUTORIAL_FAST_MALLOC=0).
-A process started with it really runs on it (its memory map names the library) and computes
-the same bits as one on glibc's malloc.
+``--malloc`` (tests/setup_machine.sh) prints the library to preload, or nothing (no TCMalloc, or
+TUTORIAL_FAST_MALLOC=0). A process started with it really runs on it (its memory map names the
+library) and computes the same bits as one on glibc's malloc. Every process that imports
+tutorial_utils under the run's ``TUTORIAL_RUN_GC_THRESHOLDS`` freezes what it imported and
+collects less often (tools/run_gc.py); without it, Python's defaults stay.
 """
 
 import os
@@ -63,3 +65,24 @@ def test_this_worker_collects_garbage_as_conftest_set_it():
 
     assert gc.get_threshold() == (20000, 20, 20)
     assert gc.get_freeze_count() > 10000  # the test modules, JAX, TE, numpy...
+
+
+def test_a_run_subprocess_tunes_its_collector_at_import_and_a_readers_does_not(monkeypatch):
+    import gc
+
+    from tutorial_utils.tools import run_gc
+
+    code = "import gc, tutorial_utils; print(*gc.get_threshold(), gc.get_freeze_count())"
+    env = {**os.environ, run_gc.ENV: "30000 30 30"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *thresholds, frozen = map(int, proc.stdout.split())
+    assert thresholds == [30000, 30, 30] and frozen > 10000  # JAX and numpy, frozen at import
+
+    before = gc.get_threshold()
+    monkeypatch.delenv(run_gc.ENV)
+    assert run_gc.tune_from_env() is False and gc.get_threshold() == before  # unset: nothing changes
+    for bad in ("20000 20", "a b c", "20000 0 20"):
+        monkeypatch.setenv(run_gc.ENV, bad)
+        with pytest.raises(ValueError, match=r"TUTORIAL_RUN_GC_THRESHOLDS=.* must be three positive integers.*unset"):
+            run_gc.tune_from_env()

@@ -50,10 +50,10 @@ The fresh clone: ``git clone`` of this repository's committed HEAD into a tempor
 with ``.venv`` a link to this checkout's venv (nothing is installed) and ``PYTHONPATH`` set to
 the clone's ``src`` (so the clone's code runs, not this checkout's). The suite's own settings
 (8 simulated devices, ``TUTORIAL_TE_BACKEND=reference``) are removed: commands run with the
-default backend, as a user types them. Two run-wide settings stay, because they change how fast a
-command compiles, not what it computes: the run's shared compilation cache and XLA's lowest
+default backend, as a user types them. Three run-wide settings stay, because they change how fast a
+command runs, not what it computes: the run's shared compilation cache, XLA's lowest
 backend optimisation level (``TUTORIAL_RUN_XLA_FLAGS``, added when the command imports
-tutorial_utils). After every command the clone must be unchanged
+tutorial_utils) and the garbage collector's thresholds (``TUTORIAL_RUN_GC_THRESHOLDS``). After every command the clone must be unchanged
 (``git status`` clean): outputs go to the temporary folder only.
 """
 

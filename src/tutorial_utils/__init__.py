@@ -14,9 +14,11 @@ What a reader copies into a model lives at the top level:
 
 :mod:`tutorial_utils.tools` is the tutorial's own tooling (device set-up, workloads,
 benchmarks and their records, plots, the cost model and the command-line tools); nothing
-above imports it except to find out where it runs. The one exception at import:
-:mod:`tutorial_utils.tools.compile_cache` (standard library only) turns on the test run's
-shared compilation cache when ``TUTORIAL_COMPILE_CACHE_DIR`` is set, and does nothing otherwise.
+above imports it except to find out where it runs. The exceptions at import, both standard
+library only and inert unless the tutorial's test run sets their variables:
+:mod:`tutorial_utils.tools.compile_cache` turns on the run's shared compilation cache
+(``TUTORIAL_COMPILE_CACHE_DIR``), and :mod:`tutorial_utils.tools.run_gc` tunes the garbage
+collector (``TUTORIAL_RUN_GC_THRESHOLDS``).
 """
 
 from .tools import compile_cache as _compile_cache
@@ -29,6 +31,9 @@ from .reorder import (  # noqa: F401
     reorder_causal_load_balancing,
 )
 from .validation import validate_packed_inputs  # noqa: F401
+from .tools import run_gc as _run_gc
+
+_run_gc.tune_from_env()  # only for the tutorial's own test runs, after JAX's import; see that module
 
 __all__ = [
     "ReorderStrategy", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
