@@ -150,3 +150,35 @@ def test_bad_shapes_are_refused_naming_the_argument():
                                  None, scale=0.3)
     with pytest.raises(ValueError, match=r"k.shape=\(56, 2, 8\) must be \[batch, seq, heads, head_dim\]"):
         cpu_kernel.attention_bwd(q, k[0], v, lo, hi, q, lo, dout, None, scale=0.3)
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_builders_that_start_together_build_the_library_once(locked, tmp_path, monkeypatch):
+    """Two builders of the same library (two workers, or a worker and the site build): one compiles, the other waits.
+
+    Without the lock both compile, which is what the test run's processes did before it.
+    """
+    import contextlib
+    import threading
+    import time
+
+    monkeypatch.setenv("TUTORIAL_CPU_KERNEL_CACHE", str(tmp_path))
+    if not locked:
+        monkeypatch.setattr(cpu_kernel, "_build_lock", lambda path: contextlib.nullcontext())
+    compiles = []
+
+    def fake_compile(cxx, include, target, folder):
+        compiles.append(target.name)
+        time.sleep(0.3)  # long enough for the other builder to arrive while this one works
+        target.write_bytes(b"library")
+        return target
+
+    monkeypatch.setattr(cpu_kernel, "_compile", fake_compile)
+    built = []
+    threads = [threading.Thread(target=lambda: built.append(cpu_kernel._build("true", str(tmp_path)))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 2 and built[0] == built[1] and built[0].read_bytes() == b"library"
+    assert len(compiles) == (1 if locked else 2), compiles

@@ -17,6 +17,7 @@ is used (same semantics, slower compiles) and :func:`status` says why.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -82,6 +83,31 @@ def _build(cxx: str, include: str) -> Path:
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: processes that start together (a test run's workers and its site
+    # build) wait for the first one's library instead of each spending ~7 CPU s on the same build.
+    with _build_lock(folder / f".libtutorial_cpu_attention-{key}.lock"):
+        if target.exists():
+            return target
+        return _compile(cxx, include, target, folder)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """An exclusive lock on ``path`` between processes (``fcntl.flock``), or none where there is no fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builders may race; the rename below still keeps the file whole
+        yield
+        return
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compile(cxx: str, include: str, target: Path, folder: Path) -> Path:
     base = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-w", f"-I{include}",
             str(SOURCE)]
     errors = []
