@@ -40,5 +40,8 @@ def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     assert rows["test_no_jax"]["compile_s"] == 0
     assert rows["test_skipped"]["outcome"] == "skipped" and rows["test_compiles"]["outcome"] == "passed"
     assert table["ld_preload"] == env["LD_PRELOAD"] and table["openblas_num_threads"] == "1"
+    (worker,) = table["workers_busy"].values()  # no xdist: the one process ran all three
+    assert worker["tests"] == 3 and 0 < worker["last_stop_s"] <= table["session_wall_s"]
+    assert abs(worker["busy_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
     (file_row,) = table["files"].values()
     assert file_row["tests"] == 3 and abs(file_row["wall_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01

@@ -8,7 +8,8 @@ compile-duration events). Time spent in a subprocess (a notebook, a script, a la
 counts as wall time only.
 
 On the controlling process it writes `_build_test/test-times-pyX.Y.json` (per test and per file,
-plus the session's wall time) and prints the ten slowest tests with their compile share.
+plus the session's wall time and each worker's busy time and when its last test ended, which
+shows an idle tail) and prints the ten slowest tests with their compile share.
 Works with and without pytest-xdist: workers attach their compile time to each report.
 """
 
@@ -80,11 +81,19 @@ class _TimeTable:
     def __init__(self, config):
         self.config = config
         self.started = time.monotonic()
+        self.started_epoch = time.time()  # the clock of the reports' start/stop stamps
         self.tests: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "outcome": "passed"})
+        # per worker: time in tests and when its last test ended (an idle tail is lost wall time)
+        self.workers: dict[str, dict] = defaultdict(lambda: {"busy_s": 0.0, "tests": 0, "last_stop_s": 0.0})
 
     def pytest_runtest_logreport(self, report):
         row = self.tests[report.nodeid]
         row["wall_s"] += report.duration
+        node = getattr(report, "node", None)  # set by pytest-xdist on the controller
+        worker = self.workers[getattr(getattr(node, "gateway", None), "id", None) or "main"]
+        worker["busy_s"] += report.duration
+        worker["tests"] += report.when == "call" or (report.when == "setup" and report.outcome != "passed")
+        worker["last_stop_s"] = max(worker["last_stop_s"], getattr(report, "stop", 0.0) - self.started_epoch)
         for k, v in report.user_properties:
             if k in _MEASURES:
                 row[k] += v
@@ -109,6 +118,7 @@ class _TimeTable:
             "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
             "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
                      "own process, backend_compile_s its XLA part; cache_hits = persistent compilation cache hits"),
+            "workers_busy": {k: rnd(v) for k, v in sorted(self.workers.items())},
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
             "tests": {k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])},
         }
@@ -133,6 +143,8 @@ class _TimeTable:
             f"over {len(table['tests'])} tests; "
             f"session wall {table['session_wall_s']:.1f} s; table: {out.relative_to(self.config.rootpath)}"
         )
+        tr.write_line("workers: " + "; ".join(f"{k} {w['busy_s']:.0f} s in {w['tests']} tests, last ended at "
+                                                f"{w['last_stop_s']:.0f} s" for k, w in table["workers_busy"].items()))
 
 
 def pytest_configure(config):
