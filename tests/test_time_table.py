@@ -37,6 +37,7 @@ def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     assert set(rows) == {"test_compiles", "test_no_jax", "test_skipped"}
     assert rows["test_compiles"]["compile_s"] > 0 and rows["test_compiles"]["backend_compile_s"] > 0
     assert rows["test_compiles"]["compile_s"] <= rows["test_compiles"]["wall_s"] + 1e-3
+    assert rows["test_compiles"]["compiles"] >= 1 and rows["test_no_jax"]["compiles"] == 0
     assert rows["test_no_jax"]["compile_s"] == 0
     assert rows["test_skipped"]["outcome"] == "skipped" and rows["test_compiles"]["outcome"] == "passed"
     assert table["ld_preload"] == env["LD_PRELOAD"] and table["openblas_num_threads"] == "1"

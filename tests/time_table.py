@@ -33,8 +33,8 @@ _COMPILE_EVENTS = (
 _BACKEND_COMPILE = _COMPILE_EVENTS[2]
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 # running totals in this process, and what the last report already accounted for
-_compiled = {"seconds": 0.0, "backend_s": 0.0, "cache_hits": 0.0, "listening": False}
-_reported = {"seconds": 0.0, "backend_s": 0.0, "cache_hits": 0.0}
+_compiled = {"seconds": 0.0, "backend_s": 0.0, "compiles": 0.0, "cache_hits": 0.0, "listening": False}
+_reported = {"seconds": 0.0, "backend_s": 0.0, "compiles": 0.0, "cache_hits": 0.0}
 
 
 def _listen_for_compiles() -> None:
@@ -48,6 +48,7 @@ def _listen_for_compiles() -> None:
             _compiled["seconds"] += duration
         if event == _BACKEND_COMPILE:
             _compiled["backend_s"] += duration
+            _compiled["compiles"] += 1
 
     def on_event(event: str, **_kwargs) -> None:
         if event == _CACHE_HIT:
@@ -69,12 +70,13 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     # phases run one after another in a process, so the compile time since the last report
     # is this phase's
-    for key, name in (("seconds", "compile_s"), ("backend_s", "backend_compile_s"), ("cache_hits", "cache_hits")):
+    for key, name in (("seconds", "compile_s"), ("backend_s", "backend_compile_s"), ("compiles", "compiles"),
+                      ("cache_hits", "cache_hits")):
         report.user_properties.append((name, _compiled[key] - _reported[key]))
         _reported[key] = _compiled[key]
 
 
-_MEASURES = ("compile_s", "backend_compile_s", "cache_hits")
+_MEASURES = ("compile_s", "backend_compile_s", "compiles", "cache_hits")
 
 
 class _TimeTable:
@@ -117,7 +119,8 @@ class _TimeTable:
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
             "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
-                     "own process, backend_compile_s its XLA part; cache_hits = persistent compilation cache hits"),
+                     "own process, backend_compile_s its XLA part, compiles the number of XLA programs it compiled "
+                     "(many small ones: eager op-by-op dispatch); cache_hits = persistent compilation cache hits"),
             "workers_busy": {k: rnd(v) for k, v in sorted(self.workers.items())},
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
             "tests": {k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])},
