@@ -42,7 +42,17 @@ def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     assert rows["test_skipped"]["outcome"] == "skipped" and rows["test_compiles"]["outcome"] == "passed"
     assert table["ld_preload"] == env["LD_PRELOAD"] and table["openblas_num_threads"] == "1"
     (worker,) = table["workers_busy"].values()  # no xdist: the one process ran all three
-    assert worker["tests"] == 3 and 0 < worker["last_stop_s"] <= table["session_wall_s"]
+    assert worker["tests"] == 3 and 0 < worker["last_stop_s"] <= table["session_wall_s"] + 0.2  # rounding, two clocks
     assert abs(worker["busy_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
     (file_row,) = table["files"].values()
     assert file_row["tests"] == 3 and abs(file_row["wall_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
+
+
+def test_files_are_handed_out_longest_first_and_the_weights_name_real_files():
+    from time_table import FILE_SECONDS, heaviest_files_first
+
+    ids = ["tests/test_a.py::x", "tests/test_site.py::b", "tests/test_a.py::y", "tests/test_z.py::c",
+           "tests/test_plan.py::d", "tests/test_site.py::e"]
+    assert heaviest_files_first(ids) == ["tests/test_site.py::b", "tests/test_site.py::e", "tests/test_plan.py::d",
+                                         "tests/test_a.py::x", "tests/test_a.py::y", "tests/test_z.py::c"]
+    assert all((HERE / name).is_file() for name in FILE_SECONDS), [n for n in FILE_SECONDS if not (HERE / n).is_file()]

@@ -7,6 +7,8 @@ spent tracing, lowering and compiling in the test's own process (from `jax.monit
 compile-duration events). Time spent in a subprocess (a notebook, a script, a launcher rank)
 counts as wall time only.
 
+It also orders the test files for the workers, longest first (:func:`heaviest_files_first`).
+
 On the controlling process it writes `_build_test/test-times-pyX.Y.json` (per test and per file,
 plus the session's wall time and each worker's busy time and when its last test ended, which
 shows an idle tail) and prints the ten slowest tests with their compile share.
@@ -150,7 +152,45 @@ class _TimeTable:
                                                 f"{w['last_stop_s']:.0f} s" for k, w in table["workers_busy"].items()))
 
 
+# ------------------------------------------------------------------ the order files are handed out
+
+#: Wall seconds per test file in ``make test`` (2-core machine, from _build_test/test-times-py3.11.json;
+#: files under 10 s are left out). Only the order in which the workers are handed files depends on
+#: it: a stale or missing entry can make the run's end less even, never change a result.
+FILE_SECONDS = {
+    "test_site.py": 473, "test_te_on_cpu.py": 245, "test_shown_commands.py": 196, "test_device_counts.py": 141,
+    "test_context_parallel.py": 120, "test_check.py": 112, "test_reference.py": 89, "test_model.py": 60,
+    "test_examples.py": 59, "test_bench_cli.py": 53, "test_launch.py": 49, "test_check_layout.py": 46,
+    "test_seed_tutorial.py": 42, "test_placement.py": 38, "test_nan_semantics.py": 25, "test_plan.py": 24,
+    "test_bad_input.py": 21, "test_facade.py": 18, "test_cpu_kernel.py": 17, "test_comm.py": 15,
+    "test_cp_runs.py": 14, "test_support_matrix.py": 10, "test_gpu_setup.py": 10,
+}
+
+
+def heaviest_files_first(nodeids: list[str]) -> list[str]:
+    """``nodeids`` with whole files reordered by :data:`FILE_SECONDS`, longest first (ties: as collected).
+
+    Why: ``--dist loadfile`` hands each worker one file at a time, in collection order. The
+    longest first (the site build alone is a quarter of the run) and the shortest last keeps the
+    workers busy to the end: ordered by pytest-xdist's default (the number of tests per file),
+    a 4-test, 42 s file came last and one worker idled 51 s of a 1,006 s session.
+    """
+    order = {}
+    for nodeid in nodeids:
+        order.setdefault(nodeid.split("::", 1)[0], len(order))
+    rank = {f: (-FILE_SECONDS.get(Path(f).name, 0), i) for f, i in order.items()}
+    return sorted(nodeids, key=lambda n: rank[n.split("::", 1)[0]])
+
+
+def pytest_collection_modifyitems(session, config, items):
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[n] for n in heaviest_files_first([item.nodeid for item in items])]
+
+
 def pytest_configure(config):
     # only the controlling process (no xdist, or xdist's master) writes the table
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_TimeTable(config), "time_table_report")
+        # xdist would re-sort the files by their number of tests; keep the order above instead
+        if hasattr(config.option, "loadscopereorder"):
+            config.option.loadscopereorder = False
