@@ -11,7 +11,8 @@
 #   Without root or apt-get the run goes on with glibc's malloc.
 #
 # `bash tests/setup_machine.sh --malloc` only prints the TCMalloc library to preload (nothing
-# when there is none, or when TUTORIAL_FAST_MALLOC=0).
+# when there is none, or when TUTORIAL_FAST_MALLOC=0). `--system` installs the Debian packages
+# only, without looking at the venv: .ci/run starts it while the venvs are being built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +64,8 @@ if [ ${#missing[@]} -gt 0 ]; then
             done
     fi
 fi
+
+[ "${1:-}" = "--system" ] && exit 0
 
 if path="$(find_chromium)"; then
     echo "setup_machine: browser $path"
