@@ -25,7 +25,7 @@ help:
 
 # uv where pip can install it (the same versions in about 10 s instead of 66 s), else pip;
 # TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py). Neither compiles
-# bytecode at install time: see PYC below.
+# the whole venv to bytecode; one import of what every run imports writes those .pyc files (PYC below).
 INSTALL := src/tutorial_utils/tools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,11 +43,10 @@ PYTEST_WORKERS ?= 2
 # the run already keeps busy.
 RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	LD_PRELOAD="$$(bash tests/setup_machine.sh --malloc)$${LD_PRELOAD:+ $$LD_PRELOAD}"
-# Bytecode: the first process that imports a module writes its .pyc (under .venv, src/ and tests/,
-# all ignored by git), and every later process reads it. PYTHONDONTWRITEBYTECODE, which CI sets,
-# would make each of a run's ~130 processes compile jax's, TE's and this package's sources again
-# (about 10 CPU s per process that imports the lot), so these targets clear it. Compiling only what
-# is imported costs a quarter of compiling the whole venv at install time (tools/venv_install.py).
+# Bytecode: the install writes the .pyc files of the common imports; after that, the first process
+# that imports a module writes its .pyc (under .venv, src/ and tests/, all ignored by git), and every
+# later process reads it. PYTHONDONTWRITEBYTECODE, which CI sets, would make each of a run's ~130
+# processes compile what the install did not cover again, so these targets clear it.
 PYC = PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
 	bash tests/setup_machine.sh

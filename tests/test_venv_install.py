@@ -66,3 +66,19 @@ def test_bad_choices_and_paths_name_the_setting(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "VENV_PYTHON=" in err and "does not exist; create the venv first" in err
     assert V.main(["-e"]) == 2
+
+
+def test_the_install_writes_bytecode_of_the_common_imports_even_where_the_environment_forbids_it(tmp_path, monkeypatch):
+    """``warm_bytecode`` imports with writing allowed; ``PYTHONDONTWRITEBYTECODE`` alone would leave no .pyc."""
+    real = V.WARM_CODE
+    # the real list: TE's JAX code is imported after the CPU stand-in is installed (TE alone refuses to import)
+    assert real.index("tutorial_utils.tools.te_on_cpu") < real.index("transformer_engine.jax")
+    (tmp_path / "warm_me.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    code = "import warm_me"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert not (tmp_path / "__pycache__").exists()  # what the environment alone does
+    monkeypatch.setattr(V, "WARM_CODE", code)
+    assert V.warm_bytecode(sys.executable) == 0
+    assert list((tmp_path / "__pycache__").glob("warm_me.*.pyc"))

@@ -14,11 +14,14 @@ are passed on to it, and both look at the same indexes and pins. Where uv cannot
 or fails, the same install runs with pip, after one line saying why; ``TUTORIAL_INSTALLER=pip``
 asks for pip outright.
 
-Neither installer writes bytecode at install time (uv's default; ``--no-compile`` for pip).
-Compiling the whole venv's ~8,200 source files took 44 of the 48 CPU seconds of a uv install
-on a 2-core machine (9 s without), and a run imports about a quarter of them: the Makefile's
-targets let Python write each module's ``.pyc`` when it is first imported, which cost 9.5 CPU
-seconds for everything the tests, notebooks and site build import (``PYC`` in the Makefile).
+Neither installer compiles the whole venv to bytecode (uv's default; ``--no-compile`` for pip).
+Compiling its ~8,200 source files took 44 of the 48 CPU seconds of a uv install on a 2-core
+machine (9 s without), and a run imports about a quarter of them. Instead, after the install,
+one process imports what nearly every process of a run imports (:data:`WARM_CODE`: JAX, TE's JAX
+code on the CPU stand-in, flax, optax, matplotlib, IPython, Sphinx, myst-nb, pytest...) and so
+writes their ``.pyc`` files: about 14 CPU seconds, once. Without it the first processes of a run
+(two pytest workers and the site build start together) would each compile the same modules.
+What else a run imports gets its ``.pyc`` on first import (``PYC`` in the Makefile).
 
 It runs before the package is installed, so it uses the standard library only.
 """
@@ -69,6 +72,30 @@ def uv_command(uv: str, python: str, settings: Dict[str, List[str]], packages: S
     return cmd + list(packages)
 
 
+#: Run by the venv's Python after an install: imports whose .pyc files every run needs (module docstring).
+#: A module that is not installed (another extra, no TE) is skipped.
+WARM_CODE = """
+import importlib
+for name in ("jax", "tutorial_utils.tools.te_on_cpu", "flax.linen", "optax", "matplotlib.pyplot", "IPython",
+             "ipykernel.kernelapp", "nbclient", "jupytext", "sphinx.application", "sphinx.builders.html", "myst_nb",
+             "pytest", "xdist", "hypothesis", "playwright.sync_api"):
+    try:
+        module = importlib.import_module(name)
+        if name == "tutorial_utils.tools.te_on_cpu":
+            module.install()
+            importlib.import_module("transformer_engine.jax")
+    except Exception:
+        pass
+"""
+
+
+def warm_bytecode(python: str) -> int:
+    """Write the ``.pyc`` files of :data:`WARM_CODE`'s imports into the venv of ``python``; its exit status."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("JAX_PLATFORMS", "cpu")  # importing JAX must not look for accelerators here
+    return subprocess.run([python, "-c", WARM_CODE], env=env).returncode
+
+
 def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> str:
     """Install ``packages`` into the venv of ``python``; return which installer did it."""
     if choice not in CHOICES:
@@ -114,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError, subprocess.CalledProcessError) as err:
         print(f"venv_install: {err}", file=sys.stderr)
         return 1
+    if warm_bytecode(python) != 0:
+        print("venv_install: writing the bytecode of the common imports failed; each run compiles them instead",
+              file=sys.stderr)
     return 0
 
 
