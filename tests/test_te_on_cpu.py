@@ -88,11 +88,12 @@ def _thd_inputs(dtype, b=2, s=32, hq=4, hkv=2):
 
 
 def _call_thd(qkv, desc, **kw):
+    """TE's fused_attn under jit: one program, not TE's preprocessing dispatched op by op (eager)."""
     args = dict(attn_bias_type=A.AttnBiasType.NO_BIAS, attn_mask_type=A.AttnMaskType.PADDING_CAUSAL_MASK,
                 qkv_layout=A.QKVLayout.THD_THD_THD, softmax_type=A.AttnSoftmaxType.VANILLA_SOFTMAX,
                 scaling_factor=0.25, dropout_probability=0.0, is_training=False, max_segments_per_seq=4)
     args.update(kw)
-    return A.fused_attn(qkv, None, desc, None, **args)
+    return jax.jit(lambda qkv, desc: A.fused_attn(qkv, None, desc, None, **args))(qkv, desc)
 
 
 def test_fp32_is_refused_like_cudnn_unless_a_test_opts_in():
@@ -106,9 +107,10 @@ def test_fp32_is_refused_like_cudnn_unless_a_test_opts_in():
 def test_what_the_kernel_cannot_honour_is_refused_by_name():
     qkv, desc = _thd_inputs(jnp.bfloat16)
     with pytest.raises(ValueError, match=r"Unsupported backend: dropout_probability=0.1 with is_training=True"):
-        A.fused_attn(qkv, None, desc, jax.random.PRNGKey(0), A.AttnBiasType.NO_BIAS,
-                     A.AttnMaskType.PADDING_CAUSAL_MASK, A.QKVLayout.THD_THD_THD, A.AttnSoftmaxType.VANILLA_SOFTMAX,
-                     0.25, 0.1, True, max_segments_per_seq=4)
+        jax.jit(lambda qkv, desc, seed: A.fused_attn(
+            qkv, None, desc, seed, A.AttnBiasType.NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK, A.QKVLayout.THD_THD_THD,
+            A.AttnSoftmaxType.VANILLA_SOFTMAX, 0.25, 0.1, True, max_segments_per_seq=4,
+        ))(qkv, desc, jax.random.PRNGKey(0))
     q, k, v = (x[:1, :16] for x in qkv)
     bias = jnp.zeros((1, 4, 16, 16), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"attn_bias_type=NVTE_POST_SCALE_BIAS with qkv_layout=NVTE_THD_THD_THD"):
@@ -241,7 +243,7 @@ def test_single_device_matches_oracles(case, dtype):
             out, _ = dense_attention(q, k, v, jnp.asarray(lo), rows, jnp.asarray(hi), rows, scale=scale,
                                      spec=MaskSpec(bounds=True), sink=jnp.asarray(sink, jnp.float32))
             return jnp.sum(out * dout)
-        grads_r = jax.grad(ref_loss, argnums=(0, 1, 2))(q, k, v)
+        grads_r = jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2)))(q, k, v)
         for got, want, what in zip(grads, grads_r, "qkv"):
             np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want),
                                        err_msg=f"{name}: d{what} vs reference", **tol)
@@ -299,14 +301,21 @@ def _cp_fn(cp, strategy, stripe, window, dtype, batch, seq, max_segments, load_b
         return out, grads
 
     fn = jax.jit(run, in_shardings=(sharding,) * 6)
+    # TE's striped reorder is a fixed permutation of the sequence axis: take it from TE's own
+    # functions once, then apply it on the host (eagerly, each array shape compiled its own few ops)
+    perm = np.asarray(A.reorder_causal_load_balancing(jnp.arange(seq)[None], A.ReorderStrategy.Striped, cp, 1,
+                                                      stripe))[0]
+    undo = np.asarray(A.inverse_reorder_causal_load_balancing(jnp.asarray(perm)[None], A.ReorderStrategy.Striped, cp,
+                                                              1, stripe))[0]
+    assert np.array_equal(undo, np.arange(seq)), "TE's inverse reorder does not undo its reorder"
+    inverse = np.argsort(perm)
 
     def call(*arrays):
         def ro(x):
-            return jax.device_put(A.reorder_causal_load_balancing(jnp.asarray(x), A.ReorderStrategy.Striped, cp, 1,
-                                                                  stripe), sharding)
+            return jax.device_put(np.asarray(x)[:, perm], sharding)
 
         def back(x):
-            return A.inverse_reorder_causal_load_balancing(x, A.ReorderStrategy.Striped, cp, 1, stripe)
+            return np.asarray(x)[:, inverse]
         with te_on_cpu.allow_fp32(dtype == jnp.float32), jax.set_mesh(mesh), \
                 TE.autocast(mesh_resource=MeshResource(cp_resource="cp")):
             out, grads = fn(*(ro(x) for x in arrays))
