@@ -83,9 +83,12 @@ def _te_cpu_fp32():
     te_on_cpu.install()  # before TE is imported: TE's own import refuses a machine without its extension
     from transformer_engine.jax import attention as A
 
-    return A.fused_attn((X, KV, KV), None, A.SequenceDescriptor.from_segment_ids_and_pos(
-        jnp.asarray(IDS), jnp.asarray(POS)), None, A.AttnBiasType.NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK,
-        A.QKVLayout.THD_THD_THD, A.AttnSoftmaxType.VANILLA_SOFTMAX, 0.5, 0.0, False)
+    def call(q, kv, ids, pos):  # under jit: TE traces and refuses; nothing is dispatched op by op first
+        return A.fused_attn((q, kv, kv), None, A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos), None,
+                            A.AttnBiasType.NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK, A.QKVLayout.THD_THD_THD,
+                            A.AttnSoftmaxType.VANILLA_SOFTMAX, 0.5, 0.0, False)
+
+    return jax.jit(call)(X, KV, jnp.asarray(IDS), jnp.asarray(POS))
 
 
 def _backend_choice():

@@ -242,8 +242,8 @@ def compute_cell(row: dict, column: str) -> dict:
             sharding = NamedSharding(mesh, P(None, "cp"))
             reorder = A.ReorderStrategy.Striped if thd else A.ReorderStrategy.DualChunkSwap
             st = stripe if thd else None
-            ro = lambda a: A.reorder_causal_load_balancing(a, reorder, CP, 1, st)  # noqa: E731
-            back = lambda a: A.inverse_reorder_causal_load_balancing(a, reorder, CP, 1, st)  # noqa: E731
+            ro = jax.jit(lambda a: A.reorder_causal_load_balancing(a, reorder, CP, 1, st))
+            back = jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, reorder, CP, 1, st))
             cp_kw = dict(kw, context_parallel_strategy=A.CPStrategy[strategy],
                          context_parallel_causal_load_balanced=True, context_parallel_axis="cp", stripe_size=st)
             with jax.set_mesh(mesh), autocast(mesh_resource=MeshResource(cp_resource="cp")):
