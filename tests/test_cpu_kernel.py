@@ -39,15 +39,12 @@ def _problem(seed, b=2, sq=40, skv=56, hq=4, hkv=2, d=8, dv=6):
 
 
 def _jax_kernel(q, k, v, dout, lo, hi, sink, scale):
-    def run(q, k, v, dout, lo, hi, sink):  # under jit: one program, not the reference's ops one by one
-        rows = jnp.broadcast_to(jnp.arange(k.shape[1], dtype=jnp.int32), (k.shape[0], k.shape[1]))
-        ranges = (lo, rows, hi, rows)
-        spec = MaskSpec(bounds=True)
-        out, lse, mx = blockwise_attention(q, k, v, *ranges, scale=scale, spec=spec, sink=sink, return_max_logit=True)
-        grads = blockwise_backward(q, k, v, *ranges, out, lse, dout, scale=scale, spec=spec, sink=sink)
-        return out, lse, mx, *grads
-
-    return [np.asarray(x) for x in jax.jit(run)(q, k, v, dout, jnp.asarray(lo), jnp.asarray(hi), sink)]
+    rows = jnp.broadcast_to(jnp.arange(k.shape[1], dtype=jnp.int32), (k.shape[0], k.shape[1]))
+    ranges = (jnp.asarray(lo), rows, jnp.asarray(hi), rows)
+    spec = MaskSpec(bounds=True)
+    out, lse, mx = blockwise_attention(q, k, v, *ranges, scale=scale, spec=spec, sink=sink, return_max_logit=True)
+    grads = blockwise_backward(q, k, v, *ranges, out, lse, dout, scale=scale, spec=spec, sink=sink)
+    return [np.asarray(x) for x in (out, lse, mx, *grads)]
 
 
 def _compiled(q, k, v, dout, lo, hi, sink, scale):
