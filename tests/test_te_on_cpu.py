@@ -301,14 +301,12 @@ def _cp_fn(cp, strategy, stripe, window, dtype, batch, seq, max_segments, load_b
         return out, grads
 
     fn = jax.jit(run, in_shardings=(sharding,) * 6)
-    # TE's striped reorder is a fixed permutation of the sequence axis: take it from TE's own
-    # functions once, then apply it on the host (eagerly, each array shape compiled its own few ops)
-    perm = np.asarray(A.reorder_causal_load_balancing(jnp.arange(seq)[None], A.ReorderStrategy.Striped, cp, 1,
-                                                      stripe))[0]
-    undo = np.asarray(A.inverse_reorder_causal_load_balancing(jnp.asarray(perm)[None], A.ReorderStrategy.Striped, cp,
-                                                              1, stripe))[0]
-    assert np.array_equal(undo, np.arange(seq)), "TE's inverse reorder does not undo its reorder"
-    inverse = np.argsort(perm)
+    # TE's striped reorder and its inverse are fixed permutations of the sequence axis: read both
+    # from TE's own functions once, then apply them on the host (called eagerly on each array,
+    # they compiled a few ops for every new shape)
+    perm, inverse = (np.asarray(f(jnp.arange(seq)[None], A.ReorderStrategy.Striped, cp, 1, stripe))[0]
+                     for f in (A.reorder_causal_load_balancing, A.inverse_reorder_causal_load_balancing))
+    assert np.array_equal(perm[inverse], np.arange(seq)), "TE's inverse reorder does not undo its reorder"
 
     def call(*arrays):
         def ro(x):

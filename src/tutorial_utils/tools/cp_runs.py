@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .check import tolerance
-from .oracle_check import tolerance_table
+from .oracle_check import _errors, tolerance_table
 
 __all__ = [
     "thd_attention",
@@ -80,14 +80,10 @@ te_tolerance = tolerance  # TE's test tolerance for a dtype (tools.check.toleran
 def max_abs_diff(a, b) -> float:
     """``max |a - b|``, computed in float32 (on the devices; nothing is copied to the host).
 
-    One jitted program per shape, rather than four ops each compiled on its own (eager).
+    :func:`tolerance_table`'s jitted program: one compile per shape, shared with the error table.
     """
-    return float(_max_abs_diff(jnp.asarray(a), jnp.asarray(b)))
-
-
-@jax.jit
-def _max_abs_diff(a, b):
-    return jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+    worst, _ = _errors()(jnp.asarray(a), jnp.asarray(b), jnp.float32(1.0))
+    return float(worst)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ and ``tests/test_support_matrix.py`` recomputes a sample of cells on every run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -193,6 +194,20 @@ def _shorten(message: str) -> str:
     return line if len(line) <= 160 else line[:157] + "..."
 
 
+@functools.cache
+def _reorders(strategy, stripe):
+    """TE's reorder and its inverse for ``CP`` ranks, jitted once per (strategy, stripe) for every cell.
+
+    Called eagerly, each compiled a few ops per new shape; jitted inside each cell, each cell
+    would compile them again.
+    """
+    import jax
+    from transformer_engine.jax import attention as A
+
+    return (jax.jit(lambda a: A.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
+            jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)))
+
+
 def compute_cell(row: dict, column: str) -> dict:
     """Run TE's own ``fused_attn`` (forward + backward) for one cell; return its verdict."""
     from . import te_on_cpu
@@ -242,8 +257,7 @@ def compute_cell(row: dict, column: str) -> dict:
             sharding = NamedSharding(mesh, P(None, "cp"))
             reorder = A.ReorderStrategy.Striped if thd else A.ReorderStrategy.DualChunkSwap
             st = stripe if thd else None
-            ro = jax.jit(lambda a: A.reorder_causal_load_balancing(a, reorder, CP, 1, st))
-            back = jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, reorder, CP, 1, st))
+            ro, back = _reorders(reorder, st)
             cp_kw = dict(kw, context_parallel_strategy=A.CPStrategy[strategy],
                          context_parallel_causal_load_balanced=True, context_parallel_axis="cp", stripe_size=st)
             with jax.set_mesh(mesh), autocast(mesh_resource=MeshResource(cp_resource="cp")):
