@@ -195,7 +195,8 @@ def main(argv=None) -> int:
 
     avail = _mem_available_bytes()
     limit = args.limit_gib * GIB if avail is None else min(args.limit_gib * GIB, 0.6 * avail)
-    tmp = tempfile.mkdtemp(prefix="bench-ref-")
+    scratch = tempfile.TemporaryDirectory(prefix="bench-ref-")  # the workers' outputs; removed at exit
+    tmp = scratch.name
     rows = []  # dicts with the measured / extrapolated figures
     full = args.seq
     for variant in VARIANTS:

@@ -314,6 +314,8 @@ def _check_backend_line(proc, tmp):
 
 def _check_bench_cpu(proc, tmp):
     assert "blockwise" in proc.stdout and "dense" in proc.stdout, proc.stdout[-2000:]
+    left = sorted(p.name for p in Path(tmp).glob("bench-ref-*"))  # its TMPDIR: the workers' outputs go there
+    assert not left, f"the benchmark left its scratch folders behind: {left}"
     return {}
 
 
@@ -351,7 +353,7 @@ HANDLED: Dict[str, object] = {
     "make gpu-bundle": MakeDry("downloads ~290 MB of CUDA wheels", ("gpu_setup bundle",)),
     "make gpu-run": MakeDry("needs a GPU node and a carried bundle", ("gpu_setup run",)),
     "make bench-cpu": Run("the recipe's script (make -n checked separately) at 512 tokens",
-                          replace=[("make bench-cpu", "XLA_FLAGS=--xla_force_host_platform_device_count=4 "
+                          replace=[("make bench-cpu", "TMPDIR={tmp} XLA_FLAGS=--xla_force_host_platform_device_count=4 "
                                                       "python benchmarks/bench_reference_cpu.py")],
                           append=("--seq", "512", "--fallback-seq", "512", "--window", "64", "--iters", "1", "--warmup",
                                   "0", "--results-dir", "{tmp}"),
