@@ -46,6 +46,35 @@ def test_a_key_blind_to_te_s_configuration_returns_the_other_program(tmp_path):
     np.testing.assert_array_equal(plain, balanced)
 
 
+_DEVICE_COUNT_SCRIPT = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + sys.argv[1]
+import tutorial_utils  # turns the cache on from the environment
+import jax, jax.numpy as jnp, numpy as np
+import jax.monitoring
+hits = []
+jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
+f = jax.jit(lambda x: jnp.sin(x) * 2.0 + jnp.cumsum(x))
+out = f(jax.device_put(np.linspace(0.0, 1.0, 64, dtype=np.float32), jax.devices()[0]))
+print(json.dumps({"devices": len(jax.devices()), "hits": len(hits), "out": np.asarray(out).tolist()}))
+"""
+
+
+def test_a_program_compiled_with_one_device_is_read_back_with_four(tmp_path):
+    """The same one-device program in processes simulating 1 and 4 CPU devices: one entry, the same result."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", compile_cache.FLAGS_ENV)}
+    env[compile_cache.ENV] = str(tmp_path / "cache")
+    runs = []
+    for devices in ("1", "4"):
+        proc = subprocess.run([sys.executable, "-c", _DEVICE_COUNT_SCRIPT, devices], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert [r["devices"] for r in runs] == [1, 4]
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 1, runs  # the 4-device process read the 1-device entry
+    np.testing.assert_array_equal(runs[0]["out"], runs[1]["out"])
+
+
 class _Slots:
     __slots__ = ("a", "__weakref__")
 
@@ -117,8 +146,8 @@ def test_the_key_reads_the_environment_te_s_callbacks_read_and_no_more(monkeypat
         monkeypatch.delenv(name)
 
 
-def test_a_program_over_several_cpu_processes_gets_one_key_in_every_process():
-    """Ranks report different CPU topologies; the key takes the devices' kinds and ids, so all ranks share it."""
+def test_a_cpu_program_gets_one_key_in_every_process_and_at_every_device_count():
+    """Ranks, and processes simulating different device counts, report different CPU topologies; the key takes the devices."""
     import hashlib
 
     from jax._src import cache_key
@@ -139,7 +168,12 @@ def test_a_program_over_several_cpu_processes_gets_one_key_in_every_process():
     assert digest(two_ranks) != digest([rank(0, 0), rank(1, 1, "other")])
     import jax
 
-    local = list(jax.devices()[:2])  # one process: JAX's own key, untouched
-    want = hashlib.sha256()
-    patched.__wrapped__(want, np.array(local, dtype=object))
-    assert digest(local) == want.hexdigest()
+    # One process: its CPU devices by kind and id, whatever number of them the process simulates
+    local = list(jax.devices()[:2])
+    assert digest(local) == digest([rank(0, 0), rank(1, 0)])       # what a 2-device process would give
+    assert digest(local) != digest(two_ranks)                      # not the same program over two processes
+    assert digest(local) != digest([rank(0, 0), rank(2, 0)])       # other devices, another key
+    assert digest(local[:1]) != digest(local)
+    fingerprint = hashlib.sha256()
+    patched.__wrapped__(fingerprint, np.array(local, dtype=object))  # JAX's own: the topology, 8 devices here
+    assert digest(local) != fingerprint.hexdigest()

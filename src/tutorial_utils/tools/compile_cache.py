@@ -243,15 +243,25 @@ def enable(path: str | os.PathLike) -> bool:
 
 
 def _share_between_cpu_processes() -> None:
-    """One compile per multi-process CPU program instead of one per process (the launcher's ranks).
+    """CPU programs keyed by the devices they run on, not by the topology their process reports.
 
-    JAX keys a program by the topology its process reports, and on CPU each process of a
-    ``jax.distributed`` run reports its own, so every rank compiled the same program and none
-    hit the others' entry. For a program whose devices span several CPU processes, the key
-    takes the devices' kinds and global ids instead (what the program runs on; the module,
-    the compile options with their device assignment and the XLA flags stay in the key), and
-    ``jax_share_binary_between_hosts`` lets the first process compile and hand the executable
-    to the others through the distributed runtime. Single-process keys are unchanged.
+    JAX keys a program by its process's topology, and on CPU that topology counts every device
+    the process has. So:
+
+    * each rank of a ``jax.distributed`` run reports its own, so every rank compiled the same
+      program and none hit the others' entry. For a program whose devices span several CPU
+      processes, the key takes the devices' kinds and global ids instead, and
+      ``jax_share_binary_between_hosts`` lets the first process compile and hand the executable
+      to the others through the distributed runtime;
+    * a test run's processes simulate 1, 2, 4 or 8 CPU devices (the workers 8, the site build
+      4, the device-count runs 1 to 8), so the same program on the same devices, a random input
+      or a one-device reference, compiled once per device count. For a program on one process's
+      CPU devices, the key takes the process's index and the process count, then the devices'
+      kinds and ids. (TE's attention programs do not gain: TE repeats their random seed once
+      per device the process sees, ``num_of_devices()``, so their modules differ anyway.)
+
+    The module, the compile options with their device assignment and the XLA flags stay in the
+    key. Programs on other platforms keep JAX's key.
     """
     import jax
     from jax._src import cache_key
@@ -262,11 +272,18 @@ def _share_between_cpu_processes() -> None:
 
     def accelerator_config(hash_obj, accelerators):
         devices = list(accelerators.flat)
-        if len({d.process_index for d in devices}) > 1 and all(d.platform == "cpu" for d in devices):
+        if not all(d.platform == "cpu" for d in devices):
+            return original(hash_obj, accelerators)
+        if len({d.process_index for d in devices}) > 1:
             for d in devices:
                 cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
             return None
-        return original(hash_obj, accelerators)
+        # One process's CPU devices: JAX's topology fingerprint counts every CPU device the process
+        # simulates, so the same program compiled with 1, 4 or 8 of them got three keys
+        cache_key._hash_string(hash_obj, f"cpu devices of process {devices[0].process_index} of {jax.process_count()}")
+        for d in devices:
+            cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
+        return None
 
     accelerator_config.__wrapped__ = original
     cache_key._hash_accelerator_config = accelerator_config
