@@ -56,23 +56,42 @@ hits = []
 jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
 f = jax.jit(lambda x: jnp.sin(x) * 2.0 + jnp.cumsum(x))
 out = f(jax.device_put(np.linspace(0.0, 1.0, 64, dtype=np.float32), jax.devices()[0]))
-print(json.dumps({"devices": len(jax.devices()), "hits": len(hits), "out": np.asarray(out).tolist()}))
+report = {"devices": len(jax.devices()), "hits": len(hits), "out": np.asarray(out).tolist()}
+if len(jax.devices()) >= 4:  # and a program over devices 0-3 with a collective in it
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    g = jax.jit(jax.shard_map(lambda x: x - jax.lax.psum(x, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    before = len(hits)
+    y = g(jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("x"))))
+    report.update(sharded_hits=len(hits) - before, sharded=np.asarray(y).tolist())
+print(json.dumps(report))
 """
 
 
-def test_a_program_compiled_with_one_device_is_read_back_with_four(tmp_path):
-    """The same one-device program in processes simulating 1 and 4 CPU devices: one entry, the same result."""
+def test_programs_are_read_back_by_processes_with_more_devices(tmp_path):
+    """Processes simulating 1, 4 and 8 CPU devices: one entry per program, and the same results.
+
+    The one-device program is compiled by the first process and read by the other two; the one
+    over devices 0-3 with a ``psum`` is compiled by the 4-device process and run from its entry
+    by the 8-device one.
+    """
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", compile_cache.FLAGS_ENV)}
     env[compile_cache.ENV] = str(tmp_path / "cache")
     runs = []
-    for devices in ("1", "4"):
+    for devices in ("1", "4", "8"):
         proc = subprocess.run([sys.executable, "-c", _DEVICE_COUNT_SCRIPT, devices], env=env, capture_output=True,
                               text=True, timeout=120, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert [r["devices"] for r in runs] == [1, 4]
+    assert [r["devices"] for r in runs] == [1, 4, 8]
     assert runs[0]["hits"] == 0 and runs[1]["hits"] >= 1, runs  # the 4-device process read the 1-device entry
     np.testing.assert_array_equal(runs[0]["out"], runs[1]["out"])
+    np.testing.assert_array_equal(runs[0]["out"], runs[2]["out"])
+    assert runs[1]["sharded_hits"] == 0 and runs[2]["sharded_hits"] == 1, runs
+    x = np.arange(8, dtype=np.float32)
+    want = x - np.tile(x.reshape(4, 2).sum(0), 4)  # each device's two values minus the sum over the devices
+    np.testing.assert_array_equal(runs[1]["sharded"], want)
+    np.testing.assert_array_equal(runs[2]["sharded"], want)
 
 
 class _Slots:
