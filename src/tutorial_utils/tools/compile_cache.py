@@ -274,13 +274,10 @@ def _share_between_cpu_processes() -> None:
         devices = list(accelerators.flat)
         if not all(d.platform == "cpu" for d in devices):
             return original(hash_obj, accelerators)
-        if len({d.process_index for d in devices}) > 1:
-            for d in devices:
-                cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
-            return None
-        # One process's CPU devices: JAX's topology fingerprint counts every CPU device the process
-        # simulates, so the same program compiled with 1, 4 or 8 of them got three keys
-        cache_key._hash_string(hash_obj, f"cpu devices of process {devices[0].process_index} of {jax.process_count()}")
+        if len({d.process_index for d in devices}) == 1:
+            # One process's CPU devices: JAX's topology fingerprint counts every CPU device the
+            # process simulates, so the same program compiled with 1, 4 or 8 of them got three keys
+            cache_key._hash_string(hash_obj, f"cpu devices of process {devices[0].process_index} of {jax.process_count()}")
         for d in devices:
             cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
         return None

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .check import tolerance
-from .oracle_check import _errors, tolerance_table
+from .oracle_check import float32_errors, tolerance_table
 
 __all__ = [
     "thd_attention",
@@ -82,7 +82,7 @@ def max_abs_diff(a, b) -> float:
 
     :func:`tolerance_table`'s jitted program: one compile per shape, shared with the error table.
     """
-    worst, _ = _errors()(jnp.asarray(a), jnp.asarray(b), jnp.float32(1.0))
+    worst, _ = float32_errors()(jnp.asarray(a), jnp.asarray(b), jnp.float32(1.0))
     return float(worst)
 
 

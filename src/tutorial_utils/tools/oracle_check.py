@@ -18,7 +18,7 @@ import functools
 import math
 from typing import Mapping, Tuple
 
-__all__ = ["MAX_SCORES", "oracle_workload", "ToleranceTable", "tolerance_table"]
+__all__ = ["MAX_SCORES", "oracle_workload", "ToleranceTable", "tolerance_table", "float32_errors"]
 
 #: The largest ``batch * heads * seq * seq`` score tensor the oracle builds (2**31 fp32 = 8 GiB).
 MAX_SCORES = 2 ** 31
@@ -68,12 +68,14 @@ class ToleranceTable:
 
 
 @functools.cache
-def _errors():
+def float32_errors():
     """``(max |got - ref|, max |got - ref| / (tol + tol |ref|))`` in float32, as one jitted program.
 
-    Why jitted: called eagerly, these eight element-wise ops and two reductions are each compiled
-    on their own for every new shape (op-by-op dispatch); one program per shape is a fraction
-    of that. Built on first use so that importing this module does not import JAX.
+    Shared by :func:`tolerance_table` and :func:`tutorial_utils.tools.cp_runs.max_abs_diff`, so a
+    shape compiles once for both. Why jitted: called eagerly, these eight element-wise ops and
+    two reductions are each compiled on their own for every new shape (op-by-op dispatch); one
+    program per shape is a fraction of that. Built on first use so that importing this module
+    does not import JAX.
     """
     import jax
     import jax.numpy as jnp
@@ -107,6 +109,6 @@ def tolerance_table(pairs: Mapping[str, tuple], tol: float) -> ToleranceTable:
         if tuple(got.shape) != tuple(ref.shape):
             raise ValueError(f"pairs[{name!r}]: got has shape {tuple(got.shape)}, ref {tuple(ref.shape)}.")
         # on the devices: nothing as large as the seed workload's gradients is copied to the host
-        worst, ratio = _errors()(jnp.asarray(got), jnp.asarray(ref), jnp.float32(tol))
+        worst, ratio = float32_errors()(jnp.asarray(got), jnp.asarray(ref), jnp.float32(tol))
         rows.append((name, float(worst), float(ratio)))
     return ToleranceTable(tuple(rows), float(tol))
