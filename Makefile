@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv venv312 test test-fast test-ledger test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry-plan gpu-run clean
+.PHONY: help venv venv312 test test-fast test-ledger test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry gpu-rehearse gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
@@ -18,10 +18,11 @@ help:
 	@echo "make bench-kernel - the compiled CPU stand-in kernel vs the JAX one (CPU), writes results/"
 	@echo "make support-matrix - recompute TE 2.20.2's support matrix on TE's code (CPU), writes results/support_matrix/"
 	@echo "make gpu-setup - on a CUDA 12/13 node: JAX with CUDA, cuDNN >= 9.12 check, TE 2.20.2 built against that JAX"
-	@echo "make gpu-bundle- download and split the files of an offline TE install into gpu-bundle/"
-	@echo "make gpu-carry-plan - the calls that carry gpu-bundle/ to a machine taking 64 MiB per call"
-	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, check it, time the seed workload"
-	@echo "make gpu-check - validate real TE against the reference on the GPUs present"
+	@echo "make gpu-bundle- download every file of an offline TE install into gpu-bundle/"
+	@echo "make gpu-run   - one GPU, no index: build and install gpu-bundle/, gate on TE, time the seed workload, check"
+	@echo "make gpu-check - validate real TE against the reference on the GPUs present (replaces the last report)"
+	@echo "make gpu-carry - (development) cut gpu-bundle/ for a machine taking 64 MiB per call; print the plan"
+	@echo "make gpu-rehearse - (development) play that plan here with TE's real build, in a fresh Python 3.12"
 
 # uv where pip can install it (the same versions in about 10 s instead of 66 s), else pip;
 # TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py). Neither compiles
@@ -120,26 +121,25 @@ plan: $(STAMP)
 	$(PY) -m tutorial_utils.tools.plan --preset seed --hardware GB200
 
 # TE compiles its JAX extension against the installed JAX: keep a preinstalled CUDA JAX (or
-# install jax[cuda12|cuda13] for the CUDA found), check cuDNN >= 9.12, then build TE without
-# build isolation (needs the CUDA headers; see docs/gpu.md).
+# install jax[cuda12|cuda13] for the CUDA found), check cuDNN >= 9.12, install the build's own
+# needs (setuptools, wheel, pybind11, cudnn-frontend, the nvtx3 headers), then build TE without
+# build isolation (docs/gpu.md).
 GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.tools.gpu_setup
 gpu-setup:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PY) -m pip install --upgrade pip setuptools wheel
-	$(PY) -m pip install pybind11 ninja cmake nvidia-cudnn-frontend
 	cuda=$$($(GPU_SETUP) cuda) && \
 	  ($(PY) -c "import jax; assert jax.default_backend() == 'gpu'" 2>/dev/null || \
 	   $(PY) -m pip install "jax[cuda$$cuda]>=0.10,<0.12") && \
+	  $(PY) -m pip install $$($(GPU_SETUP) build-requirements --cuda $$cuda) && \
 	  $(GPU_SETUP) cudnn && \
-	  inc=$$($(GPU_SETUP) cudnn-include) && \
-	  CPLUS_INCLUDE_PATH=$$inc$${CPLUS_INCLUDE_PATH:+:$$CPLUS_INCLUDE_PATH} NVTE_FRAMEWORK=jax \
+	  CPLUS_INCLUDE_PATH=$$($(GPU_SETUP) build-includes)$${CPLUS_INCLUDE_PATH:+:$$CPLUS_INCLUDE_PATH} \
+	  NVTE_FRAMEWORK=jax NVTE_NO_LOCAL_VERSION=1 \
 	  $(PY) -m pip install --no-build-isolation "transformer-engine[jax,core-cu$$cuda]==2.20.2"
 	$(PY) -m pip install -e '.[test,docs]'
 	touch $(STAMP)
 
-# One GPU, no package index: `make gpu-bundle` on a machine with one (GPU_CUDA=12|13 and
-# GPU_PYTHON=3.11|3.12 of the node), carry gpu-bundle/ over (`make gpu-carry-plan` prints the
-# calls for a machine that takes 64 MiB per call), then `make gpu-run` there.
+# One GPU, no package index: `make gpu-bundle` on a machine with an index (GPU_CUDA=12|13 and
+# GPU_PYTHON=3.11|3.12 of the node), copy gpu-bundle/ and the repository over, then `make gpu-run`.
 GPU_PY ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_OUT ?= results
@@ -148,14 +148,21 @@ GPU_PYTHON ?= 3.12
 gpu-bundle: $(STAMP)
 	$(PY) -m tutorial_utils.tools.gpu_setup bundle $(GPU_BUNDLE) --clean --cuda $(GPU_CUDA) --python-version $(GPU_PYTHON)
 
-gpu-carry-plan:
-	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup carry-plan --bundle $(GPU_BUNDLE)
-
 gpu-run:
 	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
 
 gpu-check:
-	$(PY) -m tutorial_utils.tools.check --out results/checks/gpu-check.json
+	$(PY) -m tutorial_utils.tools.check --out results/checks/gpu-check.json --force
+
+# Development: carry the bundle to a lent machine that takes 64 MiB per call, and rehearse that
+# plan here with TE's real build (CONTRIBUTING.md, "The GPU run").
+CARRY := PYTHONPATH=src $(PY) devtools/gpu_carry.py
+gpu-carry: gpu-bundle
+	$(CARRY) cut $(GPU_BUNDLE)
+	$(CARRY) plan --bundle $(GPU_BUNDLE)
+
+gpu-rehearse: gpu-carry
+	$(CARRY) rehearse --bundle $(GPU_BUNDLE)
 
 clean:
 	rm -rf _build _build_cache .pytest_cache

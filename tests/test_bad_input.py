@@ -226,7 +226,7 @@ CASES = [
     ("name exists", None, ValueError, r"--name '.*r.json' already exists"),
     # the GPU set-up
     ("cuda major env", _env("CUDA_MAJOR", "11", gpu_setup.cuda_major), SystemExit, r"CUDA_MAJOR='11'"),
-    ("piece size 0", lambda: gpu_setup.split_file("x", piece_bytes=0), ValueError, r"piece_bytes=0"),
+    ("unknown run step", lambda: gpu_setup.run_commands("b", "o", steps=["bulid"]), ValueError, r"steps=\['bulid'\]"),
     ("bundle cuda 11", lambda: gpu_setup.bundle_requirements(11), ValueError, r"cuda=11"),
     ("old cudnn", lambda: gpu_setup.check_cudnn(((9, 6, 0), "libcudnn.so.9")), SystemExit, r"cuDNN 9.6.0"),
 ]

@@ -45,6 +45,36 @@ D = 16
 # ----------------------------------------------------------------------------- the stand-in
 
 
+def test_the_single_gpu_seed_step_goes_through_tes_code_at_two_to_the_31_elements():
+    """The GPU run's ``bench-single`` step: TE's published workload on one device. Q and dO hold
+    2**31 elements each (4x what each of TE's 4 GPUs held); TE's code takes the shapes (lowered,
+    not run: no CPU holds it), and the step's buffers fit an H200 (141 GiB) with room."""
+    import math
+
+    from tutorial_utils.tools.workload import get_workload
+
+    wl = get_workload("seed")
+    q = jax.ShapeDtypeStruct((wl.batch, wl.seq_len, wl.num_q_heads, wl.head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((wl.batch, wl.seq_len, wl.num_kv_heads, wl.head_dim), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((wl.batch, wl.seq_len), jnp.int32)
+    assert math.prod(q.shape) == 2**31 == 4 * math.prod((wl.batch, wl.seq_len // wl.cp_size, *q.shape[2:]))
+
+    def loss(qkv, seg_ids, seg_pos, dout):
+        desc = A.SequenceDescriptor.from_segment_ids_and_pos(seg_ids, seg_pos)
+        out = A.fused_attn(qkv, None, desc, None, attn_bias_type=A.AttnBiasType.NO_BIAS,
+                           attn_mask_type=A.AttnMaskType.PADDING_CAUSAL_MASK, qkv_layout=A.QKVLayout.THD_THD_THD,
+                           softmax_type=A.AttnSoftmaxType.VANILLA_SOFTMAX, scaling_factor=wl.scaling_factor,
+                           dropout_probability=0.0, is_training=True, max_segments_per_seq=wl.max_segments_per_seq,
+                           window_size=tuple(wl.window))
+        return jnp.vdot(out.astype(jnp.float32), dout.astype(jnp.float32))
+
+    lowered = jax.jit(jax.value_and_grad(loss)).lower((q, kv, kv), ids, ids, q)
+    nbytes = lambda tree: sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))  # noqa: E731
+    saved = nbytes(q) + wl.batch * wl.num_q_heads * wl.seq_len * 4  # the output and softmax stats kept for backward
+    total = nbytes(lowered.in_avals) + nbytes(lowered.out_info) + saved
+    assert 17 * 2**30 < total < 18 * 2**30 < 141 * 2**30 // 4  # about 17.1 GiB: an eighth of the H200
+
+
 def test_enums_carry_te_c_values():
     """Values from TE's C headers (``fused_attn.h``, ``transformer_engine.h``, ``misc.h``)."""
     from transformer_engine_jax import (DType, NVTE_Bias_Type, NVTE_Fused_Attn_Backend, NVTE_Mask_Type,

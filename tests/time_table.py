@@ -163,7 +163,7 @@ FILE_SECONDS = {
     "test_examples.py": 59, "test_bench_cli.py": 53, "test_launch.py": 49, "test_check_layout.py": 46,
     "test_seed_tutorial.py": 42, "test_placement.py": 38, "test_nan_semantics.py": 25, "test_plan.py": 24,
     "test_bad_input.py": 21, "test_facade.py": 18, "test_cpu_kernel.py": 17, "test_comm.py": 15,
-    "test_cp_runs.py": 14, "test_support_matrix.py": 10, "test_gpu_setup.py": 10,
+    "test_te_build.py": 21, "test_cp_runs.py": 14, "test_support_matrix.py": 10, "test_gpu_setup.py": 8,
 }
 
 
