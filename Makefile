@@ -25,9 +25,9 @@ help:
 	@echo "make gpu-rehearse - (development) play that plan here with TE's real build, in a fresh Python 3.12"
 
 # uv where pip can install it (the same versions in about 10 s instead of 66 s), else pip;
-# TUTORIAL_INSTALLER=pip forces pip (src/tutorial_utils/tools/venv_install.py). Neither compiles
+# TUTORIAL_INSTALLER=pip forces pip (devtools/venv_install.py). Neither compiles
 # the whole venv to bytecode; one import of what every run imports writes those .pyc files (PYC below).
-INSTALL := src/tutorial_utils/tools/venv_install.py
+INSTALL := devtools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) $(INSTALL) $(PY) -e '.[test,docs]'
@@ -53,14 +53,14 @@ test: $(STAMP)
 	bash tests/setup_machine.sh
 	$(PYC) $(RUN_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-# make test with every Python process recorded (CPU, XLA compiles, cache hits): tools/run_ledger.py
+# make test with every Python process recorded (CPU, XLA compiles, cache hits): devtools/run_ledger.py
 LEDGER := test-artifacts/run-ledger.jsonl
 test-ledger: $(STAMP)
 	mkdir -p test-artifacts && rm -f $(LEDGER)
-	$(PY) -m tutorial_utils.tools.run_ledger install
+	$(PY) devtools/run_ledger.py install
 	TUTORIAL_RUN_LEDGER=$(CURDIR)/$(LEDGER) $(MAKE) test; rc=$$?; \
-	  $(PY) -m tutorial_utils.tools.run_ledger uninstall; \
-	  $(PY) -m tutorial_utils.tools.run_ledger report $(LEDGER); exit $$rc
+	  $(PY) devtools/run_ledger.py uninstall; \
+	  $(PY) devtools/run_ledger.py report $(LEDGER); exit $$rc
 
 test-fast: $(STAMP)
 	$(PYC) $(RUN_ENV) $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
@@ -115,16 +115,16 @@ bench-kernel: $(STAMP)
 
 # Every cell runs TE's own fused_attn (forward + backward) on 8 simulated CPU devices: several minutes.
 support-matrix: $(STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m tutorial_utils.tools.support_matrix
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m tutorial_utils.cli.support_matrix
 
 plan: $(STAMP)
-	$(PY) -m tutorial_utils.tools.plan --preset seed --hardware GB200
+	$(PY) -m tutorial_utils.cli.plan --preset seed --hardware GB200
 
 # TE compiles its JAX extension against the installed JAX: keep a preinstalled CUDA JAX (or
 # install jax[cuda12|cuda13] for the CUDA found), check cuDNN >= 9.12, install the build's own
 # needs (setuptools, wheel, pybind11, cudnn-frontend, the nvtx3 headers), then build TE without
 # build isolation (docs/gpu.md).
-GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.tools.gpu_setup
+GPU_SETUP := PYTHONPATH=src $(PY) -m tutorial_utils.cli.gpu_setup
 gpu-setup:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	cuda=$$($(GPU_SETUP) cuda) && \
@@ -146,13 +146,13 @@ GPU_OUT ?= results
 GPU_CUDA ?= 13
 GPU_PYTHON ?= 3.12
 gpu-bundle: $(STAMP)
-	$(PY) -m tutorial_utils.tools.gpu_setup bundle $(GPU_BUNDLE) --clean --cuda $(GPU_CUDA) --python-version $(GPU_PYTHON)
+	$(PY) -m tutorial_utils.cli.gpu_setup bundle $(GPU_BUNDLE) --clean --cuda $(GPU_CUDA) --python-version $(GPU_PYTHON)
 
 gpu-run:
-	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.tools.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
+	PYTHONPATH=src $(GPU_PY) -m tutorial_utils.cli.gpu_setup run --bundle $(GPU_BUNDLE) --out $(GPU_OUT)
 
 gpu-check:
-	$(PY) -m tutorial_utils.tools.check --out results/checks/gpu-check.json --force
+	$(PY) -m tutorial_utils.cli.check --out results/checks/gpu-check.json --force
 
 # Development: carry the bundle to a lent machine that takes 64 MiB per call, and rehearse that
 # plan here with TE's real build (CONTRIBUTING.md, "The GPU run").

@@ -32,7 +32,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
 )
 from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
-from tutorial_utils.tools import run_status  # noqa: E402  (imports no JAX)
+from tutorial_utils.pages import run_status  # noqa: E402  (imports no JAX)
 
 if not gpu_present():
     # Four simulated CPU devices: enough for a cp=4 mesh on a laptop. XLA's lowest backend
@@ -124,19 +124,19 @@ API_MODULE_ORDER = [
     "text_data",
     "gpu",
     # the tutorial's own tooling
-    "tools.runtime",
-    "tools.workload",
-    "tools.te_on_cpu",
-    "tools.timing",
-    "tools.records",
-    "tools.workcount",
-    "tools.comm",
-    "tools.hardware",
-    "tools.costmodel",
-    "tools.plan",
-    "tools.bench",
-    "tools.check",
-    "tools.launch",
+    "te_on_cpu",
+    "pages.runtime",
+    "perfmodel.workload",
+    "perfmodel.timing",
+    "perfmodel.records",
+    "perfmodel.workcount",
+    "perfmodel.comm",
+    "perfmodel.hardware",
+    "perfmodel.costmodel",
+    "cli.plan",
+    "cli.bench",
+    "cli.check",
+    "cli.launch",
 ]
 API_MARKER = "<!-- api-modules -->"
 

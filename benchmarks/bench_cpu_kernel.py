@@ -10,7 +10,7 @@ plus backward (dQ, dK, dV). Variants, in this one process:
   backward, the kernel ``bench-cpu`` measures (segment ids and positions);
 * ``jax-bounds``    - the same JAX kernel in bounds mode, which is what te_on_cpu lowered to
   before the compiled kernel (each row's key range);
-* ``compiled``      - :mod:`tutorial_utils.tools.cpu_kernel` (C++ behind one XLA custom call),
+* ``compiled``      - :mod:`tutorial_utils.te_on_cpu.kernel` (C++ behind one XLA custom call),
   what te_on_cpu uses now, on the same key ranges.
 
 Each: compile time, then the median of ``--iters`` timed calls after ``--warmup`` (compile
@@ -63,9 +63,9 @@ def main(argv=None) -> int:
 
     from tutorial_utils.inputs import fixed_slot_segments
     from tutorial_utils.reference import MaskSpec, blockwise_attention, blockwise_backward
-    from tutorial_utils.tools import cpu_kernel
-    from tutorial_utils.tools.records import write_record
-    from tutorial_utils.tools.timing import make_record, time_fn
+    from tutorial_utils.te_on_cpu import kernel as cpu_kernel
+    from tutorial_utils.perfmodel.records import write_record
+    from tutorial_utils.perfmodel.timing import make_record, time_fn
 
     if not cpu_kernel.use_compiled():
         print(f"bench_cpu_kernel: {cpu_kernel.status()}", file=sys.stderr)

@@ -14,7 +14,7 @@ Variants, each measured in a fresh subprocess so peak memory is its own:
 * ``oracle``    - ``jax.nn.dot_product_attention(..., mask=<explicit bool [S, S]>,
   implementation="xla")``, the mask built from the same segment ids / positions.
 
-Per variant: median of 3 timed calls after 1 warm-up (``tutorial_utils.tools.bench.time_fn``;
+Per variant: median of 3 timed calls after 1 warm-up (``tutorial_utils.cli.bench.time_fn``;
 compilation excluded), XLA's compiled memory analysis (temp + argument + output bytes), and
 the growth of the process's peak RSS (``ru_maxrss``) over its baseline after imports and
 input creation. A variant whose XLA estimate exceeds ``--limit-gib`` (default 12 GiB, or 60% of
@@ -55,7 +55,7 @@ def _worker(args) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from tutorial_utils.tools.timing import time_fn
+    from tutorial_utils.perfmodel.timing import time_fn
     from tutorial_utils.inputs import fixed_slot_segments
     from tutorial_utils.reference import MaskSpec, block_needed, blockwise_attention, dense_attention
 
@@ -299,8 +299,8 @@ def main(argv=None) -> int:
     if args.no_record:
         return 0
     sys.path.insert(0, os.path.join(ROOT, "src"))
-    from tutorial_utils.tools.timing import make_record
-    from tutorial_utils.tools.records import write_record
+    from tutorial_utils.perfmodel.timing import make_record
+    from tutorial_utils.perfmodel.records import write_record
 
     results = []
     for t in table:

@@ -3,7 +3,7 @@
 A development tool, not part of the installed package: the machines this project borrows
 for its GPU records take at most 64 MiB per call (the working tree included), keep files only
 while warm, and give about 15 minutes in all. So the bundle that
-``python -m tutorial_utils.tools.gpu_setup bundle`` makes is cut into pieces, one call's worth
+``python -m tutorial_utils.cli.gpu_setup bundle`` makes is cut into pieces, one call's worth
 each, and the run's steps are spread over the calls:
 
 * ``cut``: cut the bundle's large wheels into pieces that fit the calls (``carry.json``);
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tutorial_utils.tools import gpu_setup as G
+from tutorial_utils.cli import gpu_setup as G
 
 CARRY = "carry.json"
 CALL_BYTES = 64 * 2**20  # what one call may carry, working tree included
@@ -354,7 +354,7 @@ def make_node(work: Path, python: str, packages: Sequence[str]) -> Path:
 
 def _node_facts(python: Path, env: Dict[str, str]) -> dict:
     code = ("import json, sysconfig, sys; sys.path.insert(0, 'src');"
-            "from tutorial_utils.tools import gpu_setup as G;"
+            "from tutorial_utils.cli import gpu_setup as G;"
             "from importlib.metadata import version;"
             "pure = sysconfig.get_path('purelib');"
             "print(json.dumps({'python': sys.version.split()[0], 'jax': version('jax'),"
@@ -494,7 +494,7 @@ def _verdict(report: dict, plan: List[dict], work: Path, device: Path, python: P
         return result
     purelib = _purelib(python, env)
     stub, nccl = driver_stub(work, purelib), G.nccl_library([str(purelib)])
-    proc = subprocess.run([str(python), "-m", "tutorial_utils.tools.gpu_setup", "gate"], cwd=device, timeout=300,
+    proc = subprocess.run([str(python), "-m", "tutorial_utils.cli.gpu_setup", "gate"], cwd=device, timeout=300,
                           env={**env, "PYTHONPATH": "src", "LD_LIBRARY_PATH": f"{stub}:{nccl.parent if nccl else ''}"},
                           capture_output=True, text=True)
     result["gate_with_stub_driver"] = _first_line(proc.stderr + proc.stdout, "import gate")

@@ -36,7 +36,7 @@ import zlib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tutorial_utils.tools import gpu_setup as G
+from tutorial_utils.cli import gpu_setup as G
 
 INDEX = "https://pypi.org/simple"
 CACHE = Path("_build_cache") / "te-build"

@@ -22,7 +22,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from tutorial_utils.tools import compile_cache, te_on_cpu  # noqa: E402  (tutorial_utils enables the cache)
+import compile_cache  # noqa: E402  (devtools/, on the path the test run gives)
+from tutorial_utils import te_on_cpu  # noqa: E402
+
+compile_cache.enable(sys.argv[1])  # devtools/sitecustomize.py did already, if the run's variables were set
 
 if sys.argv[2] == "blind":
     compile_cache._fingerprint = lambda info, global_state: "the same for every configuration"

@@ -9,11 +9,11 @@ _FAST_COMPILE = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count=8 {_FAST_COMPILE}").strip()
 # ... and so do the run's subprocesses (commands, recipes, launcher ranks), which build their own
-# XLA_FLAGS: importing tutorial_utils adds this before JAX starts (tools/compile_cache.add_run_flags)
+# XLA_FLAGS: devtools/sitecustomize.py adds it at their start (compile_cache.add_run_flags)
 os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", _FAST_COMPILE)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Every process of the run that imports tutorial_utils freezes what it has imported and collects
-# garbage less often (tools/run_gc.py says why); the workers do the same after collection, below.
+# Every process of the run freezes what it has imported once JAX is in and collects garbage less
+# often (devtools/run_gc.py says why); the workers do the same after collection, below.
 os.environ.setdefault("TUTORIAL_RUN_GC_THRESHOLDS", "20000 20 20")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
@@ -21,7 +21,7 @@ os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 pytest_plugins = ["time_table"]
 
 # One XLA compilation cache for the whole run, shared by both workers, the site build's notebook
-# kernels and every subprocess that imports tutorial_utils (tools/compile_cache.py says why its
+# kernels and every subprocess that imports JAX (devtools/compile_cache.py says why its
 # key is safe for TE's context-parallel programs). The first process of the run creates it empty;
 # the workers and subprocesses inherit the variable. TUTORIAL_TEST_COMPILE_CACHE=0 runs without it.
 if os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0" and "TUTORIAL_COMPILE_CACHE_DIR" not in os.environ:
@@ -34,6 +34,21 @@ if os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0" and "TUTORIAL_COMPI
     _cache.mkdir(parents=True)
     os.environ["TUTORIAL_COMPILE_CACHE_DIR"] = str(_cache)
 
+# The run's settings reach every process of the run through devtools/sitecustomize.py, which
+# Python loads at start-up from the path: devtools/ goes first on PYTHONPATH for the
+# subprocesses, and this process applies them itself (it started before the path was set).
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+_DEVTOOLS = str(_Path(__file__).resolve().parents[1] / "devtools")
+os.environ["PYTHONPATH"] = os.pathsep.join([_DEVTOOLS] + [p for p in os.environ.get("PYTHONPATH", "").split(
+    os.pathsep) if p and p != _DEVTOOLS])
+if _DEVTOOLS not in _sys.path:
+    _sys.path.insert(0, _DEVTOOLS)
+import run_hooks  # noqa: E402
+
+run_hooks.install()
+
 
 def pytest_collection_finish(session):
     """Python's cyclic GC, tuned for a worker that holds every test module and JAX's caches.
@@ -43,6 +58,6 @@ def pytest_collection_finish(session):
     from 2.4 CPU s in 2,461 collections to 0.35 s in 310. Only collection timing changes; what
     is garbage still gets collected.
     """
-    from tutorial_utils.tools import run_gc
+    import run_gc
 
     run_gc.tune_from_env(collect_first=True)

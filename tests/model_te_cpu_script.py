@@ -22,7 +22,7 @@ import tutorial_utils.te as te
 from tutorial_utils import model, text_data
 from tutorial_utils.te.attention import CPStrategy
 from tutorial_utils.te.sharding import MeshResource
-from tutorial_utils.tools import te_on_cpu
+from tutorial_utils import te_on_cpu
 
 config = model.ModelConfig(d_model=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
                            max_segments_per_seq=4, window_size=(16, 0), dtype=jnp.float32)

@@ -13,17 +13,18 @@ import pytest
 from jax.sharding import Mesh
 
 import jax
-from tutorial_utils.tools import gpu_setup, te_on_cpu
-from tutorial_utils.tools.cli_types import output_file, record_file
+from tutorial_utils import te_on_cpu
+from tutorial_utils.cli import gpu_setup
+from tutorial_utils.cli.argtypes import output_file, record_file
 from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.inputs import pack_segments, random_qkv
-from tutorial_utils.tools.records import write_record
+from tutorial_utils.perfmodel.records import write_record
 from tutorial_utils.reference import MaskSpec, blockwise_attention, dense_attention
 from tutorial_utils.reorder import ReorderStrategy, reorder_causal_load_balancing
-from tutorial_utils.tools.runtime import setup_devices
+from tutorial_utils.pages.runtime import setup_devices
 from tutorial_utils.te import attention as ref_api  # the reference facade (conftest pins the backend)
 from tutorial_utils.validation import check_window, validate_packed_inputs
-from tutorial_utils.tools.workload import Workload, fit_cp_to_devices, get_workload, preset_from_env
+from tutorial_utils.perfmodel.workload import Workload, fit_cp_to_devices, get_workload, preset_from_env
 
 IDS = np.ones((1, 8), np.int32)
 POS = np.arange(8, dtype=np.int32)[None]
@@ -60,7 +61,7 @@ def _offsets(lens, offs):
 
 
 def _plan(**kw):
-    from tutorial_utils.tools.plan import plan
+    from tutorial_utils.cli.plan import plan
 
     return plan(get_workload("seed").replace(**kw))
 
@@ -274,7 +275,7 @@ def test_existing_output_is_replaced_only_with_force(tmp_path):
 
 
 def test_check_cli_refuses_bad_outputs_and_unknown_names_before_running(tmp_path, capsys):
-    from tutorial_utils.tools import check
+    from tutorial_utils.cli import check
 
     with pytest.raises(SystemExit):
         check.main(["--out", str(tmp_path)])
@@ -286,7 +287,7 @@ def test_check_cli_refuses_bad_outputs_and_unknown_names_before_running(tmp_path
 
 
 def test_bench_cli_refuses_an_existing_name_before_running(tmp_path, capsys):
-    from tutorial_utils.tools import bench as bench_cli
+    from tutorial_utils.cli import bench as bench_cli
 
     (tmp_path / "mine.json").write_text("{}")
     with pytest.raises(SystemExit):

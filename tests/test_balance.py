@@ -1,10 +1,10 @@
-"""tutorial_utils.tools.balance: chapter 4's packings, layouts and table."""
+"""tutorial_utils.pages.balance: chapter 4's packings, layouts and table."""
 
 import pytest
 
-from tutorial_utils.tools.balance import balance_layouts, balance_scenarios, balance_table, count_layouts
-from tutorial_utils.tools.workcount import count_work
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.pages.balance import balance_layouts, balance_scenarios, balance_table, count_layouts
+from tutorial_utils.perfmodel.workcount import count_work
+from tutorial_utils.perfmodel.workload import get_workload
 
 
 def test_layouts_keep_only_stripes_that_divide_the_row():

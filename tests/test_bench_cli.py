@@ -1,4 +1,4 @@
-"""``python -m tutorial_utils.tools.bench``: records, the per-rank emulation, and the pieces it rests on."""
+"""``python -m tutorial_utils.cli.bench``: records, the per-rank emulation, and the pieces it rests on."""
 
 import json
 import os
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from cli_run import exit_status_and_stderr
-from tutorial_utils.tools import bench as B
+from tutorial_utils.cli import bench as B
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
-from tutorial_utils.tools.workload import make_qkv, workload_segments
-from tutorial_utils.tools.records import validate_record
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.perfmodel.workload import make_qkv, workload_segments
+from tutorial_utils.perfmodel.records import validate_record
+from tutorial_utils.perfmodel.workload import get_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def _env(devices=4):
 
 
 def _bench(*args, devices=4, timeout=240):
-    return subprocess.run([sys.executable, "-m", "tutorial_utils.tools.bench", *args], env=_env(devices), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tutorial_utils.cli.bench", *args], env=_env(devices), capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -213,7 +213,7 @@ def test_prediction_arithmetic():
 
 
 def test_comm_bytes_are_the_comm_module_te_schedule():
-    from tutorial_utils.tools.comm import comm_for_workload
+    from tutorial_utils.perfmodel.comm import comm_for_workload
 
     wl = get_workload("seed")
     for s in ("ring", "allgather", "ulysses"):

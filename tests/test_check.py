@@ -1,4 +1,4 @@
-"""``python -m tutorial_utils.tools.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
+"""``python -m tutorial_utils.cli.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils.tools import check as C
+from tutorial_utils.cli import check as C
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^(PASS|FAIL|SKIP) \S.*: .+$")
@@ -35,7 +35,7 @@ def test_check_quick_on_one_cpu_device(tmp_path):
     tests/test_shown_commands.py: the README shows that command.)
     """
     out = tmp_path / "sub" / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.check", "--quick", "--devices", "1", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.check", "--quick", "--devices", "1", "--out", str(out)],
                           env=_env(backend="te-cpu"),
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_no_cp_check_passes_on_one_device():
 
 def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
     """check's device set-up: the notebooks' 4 devices by default, --devices N replaces an inherited count."""
-    import tutorial_utils.tools.runtime as R
+    import tutorial_utils.pages.runtime as R
 
     calls = []
     monkeypatch.setattr(R, "setup_devices", lambda n: calls.append((n, R.os.environ.get("XLA_FLAGS"))))
@@ -105,7 +105,7 @@ def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
 
 def test_simulated_devices_reach_jax_although_the_package_imports_it():
     """``import tutorial_utils`` imports JAX without starting it; the CLI's set-up must still give 4 devices."""
-    code = ("import sys, tutorial_utils.tools.check as C; assert 'jax' in sys.modules; "
+    code = ("import sys, tutorial_utils.cli.check as C; assert 'jax' in sys.modules; "
             "from tutorial_utils.gpu import jax_started; assert not jax_started(); "
             "C.simulate_cpu_devices(None); import jax; print(len(jax.devices()), jax_started())")
     env = _env()
@@ -178,7 +178,7 @@ def test_a_wrong_kernel_fails_the_te_check(monkeypatch):
 
 
 def test_a_wrong_descriptor_fails_the_descriptor_check(monkeypatch):
-    from tutorial_utils.tools import bench as bench_cli
+    from tutorial_utils.cli import bench as bench_cli
 
     real = bench_cli.ring_ragged_calls
 

@@ -1,4 +1,4 @@
-"""``python -m tutorial_utils.tools.check_layout``: a reader's own batch against TE's own CP code.
+"""``python -m tutorial_utils.cli.check_layout``: a reader's own batch against TE's own CP code.
 
 * bad files get a ValueError naming the file, the array and the fix (no JAX needed);
 * property test: over 200+ random packed layouts (tiny rows, four shapes/strategies, each compiled
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from test_reference import np_attention, np_visible
 from test_te_on_cpu import packed_rows
-from tutorial_utils.tools import check_layout as cl
+from tutorial_utils.cli import check_layout as cl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = int(os.environ.get("CHECK_LAYOUT_EXAMPLES", "208"))
@@ -137,7 +137,7 @@ def test_memory_estimate_comes_before_allocation_and_refuses_past_the_limit():
 
 def _cli(*args):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-m", "tutorial_utils.tools.check_layout", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "tutorial_utils.cli.check_layout", *map(str, args)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 

@@ -8,8 +8,8 @@ their bytes with comm.comm_volume(..., schedule="reference").
 
 import pytest
 
-from tutorial_utils.tools.comm import comm_for_workload, comm_volume, dtype_bytes, hlo_collective_bytes, ring_step_bytes
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.perfmodel.comm import comm_for_workload, comm_volume, dtype_bytes, hlo_collective_bytes, ring_step_bytes
+from tutorial_utils.perfmodel.workload import get_workload
 
 SHAPE = dict(batch=2, seq_len=65536, num_q_heads=128, num_kv_heads=8, head_dim=128, cp_size=4)
 MiB = 2 ** 20

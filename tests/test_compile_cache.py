@@ -1,4 +1,4 @@
-"""The run's shared compilation cache (tools/compile_cache.py) never hands one TE program another's executable.
+"""The run's shared compilation cache (devtools/compile_cache.py) never hands one TE program another's executable.
 
 ``tests/compile_cache_script.py`` compiles TE's AllGather call load balanced, not load balanced,
 then load balanced again, each as a fresh jit, in its own process with an empty cache. The two
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils.tools import compile_cache
+import compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 

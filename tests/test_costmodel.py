@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tutorial_utils.tools.costmodel import (
+from tutorial_utils.perfmodel.costmodel import (
     DEFAULT_CASES,
     PUBLISHED_GB200,
     break_even_window,
@@ -17,7 +17,7 @@ from tutorial_utils.tools.costmodel import (
     published_points,
     speedup_sweep,
 )
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.perfmodel.workload import get_workload
 
 SEED = get_workload("seed")
 
@@ -108,7 +108,7 @@ def test_constant_cp_loss_fits_the_same_times_and_moves_the_break_even():
 
 
 # --------------------------------------------------------------------------------------------
-# the chapter's figures of these predictions (tools.plots)
+# the chapter's figures of these predictions (pages.plots)
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def plt_agg():
 
 
 def test_time_breakdown_stacks_the_breakdown_and_stars_the_published_bars(plt_agg):
-    from tutorial_utils.tools import plots
+    from tutorial_utils.pages import plots
 
     preds = [predict(SEED, s, stripe_size=st) for s, st in [("ring", 1), ("allgather", 128)]]
     fig = plots.plot_time_breakdown(preds, published=published_points("ms"))
@@ -146,7 +146,7 @@ def test_time_breakdown_stacks_the_breakdown_and_stars_the_published_bars(plt_ag
 
 
 def test_speedup_sweep_draws_each_case_the_break_even_line_and_the_published_points(plt_agg):
-    from tutorial_utils.tools import plots
+    from tutorial_utils.pages import plots
 
     sweep = speedup_sweep(SEED, "window", [2, 512, 8192], cases=[("ring", 1), ("allgather", 512)])
     fig = plots.plot_speedup_sweep(sweep, published=published_points())

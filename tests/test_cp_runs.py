@@ -1,4 +1,4 @@
-"""tutorial_utils.tools.cp_runs: the plumbing of chapters 5a and 5b.
+"""tutorial_utils.pages.cp_runs: the plumbing of chapters 5a and 5b.
 
 The attention wrapper is chapter 3's call, the error table applies TE's tolerance, the Ulysses
 step reproduces one device (output and gradients), and timing records land where the chapter
@@ -17,9 +17,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tutorial_utils.reference import MaskSpec, dense_attention
 from tutorial_utils.reorder import ReorderStrategy, inverse_reorder_causal_load_balancing, reorder_causal_load_balancing
 from tutorial_utils.te.attention import SequenceDescriptor
-from tutorial_utils.tools import cp_runs
-from tutorial_utils.tools.records import validate_record
-from tutorial_utils.tools.workload import get_workload, make_qkv, workload_segments
+from tutorial_utils.pages import cp_runs
+from tutorial_utils.perfmodel.records import validate_record
+from tutorial_utils.perfmodel.workload import get_workload, make_qkv, workload_segments
 
 BF16_TOL = (2.0 ** -7) ** (2.0 / 3.0)
 

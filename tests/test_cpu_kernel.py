@@ -1,4 +1,4 @@
-"""The compiled stand-in kernel (tools/cpu_kernel.py + cpu_attention_kernel.cc) against the JAX one.
+"""The compiled stand-in kernel (te_on_cpu/kernel.py + cpu_attention_kernel.cc) against the JAX one.
 
 te_on_cpu puts a kernel where cuDNN's would be. The JAX kernel (reference.blockwise_attention in
 bounds mode) is checked against oracles elsewhere (tests/test_reference.py, test_nan_semantics.py);
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from tutorial_utils.reference import MaskSpec, blockwise_attention, blockwise_backward
-from tutorial_utils.tools import cpu_kernel
+from tutorial_utils.te_on_cpu import kernel as cpu_kernel
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -112,7 +112,7 @@ def test_the_comparison_fails_on_a_deliberately_broken_kernel_input():
 
 
 def test_te_on_cpu_lowers_to_one_custom_call_unless_told_to_use_jax(monkeypatch):
-    from tutorial_utils.tools import te_on_cpu
+    from tutorial_utils import te_on_cpu
 
     A = te_on_cpu.install().attention
     q = jnp.zeros((1, 16, 2, 8), jnp.bfloat16)

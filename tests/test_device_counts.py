@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.tools.workload import fit_cp_to_devices, get_workload
+from tutorial_utils.perfmodel.workload import fit_cp_to_devices, get_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """The standalone recipes (examples/) and the runner that executes unmodified TE scripts on CPU.
 
-Every recipe runs as a subprocess through ``python -m tutorial_utils.tools.te_on_cpu``: TE's own
+Every recipe runs as a subprocess through ``python -m tutorial_utils.te_on_cpu``: TE's own
 JAX code, the stand-in kernel, N simulated devices. Each recipe checks itself against one device
 and exits non-zero when it disagrees, so a zero exit status plus its printed line is the check.
 The runner's refusals (fp32 like cuDNN, a C function the stand-in lacks, PyTorch) are run too, and
@@ -36,7 +36,7 @@ BANNER = re.compile(r"^te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 \(its JAX 
 def run_script(script, devices, *args, timeout=900):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TUTORIAL_TE_ON_CPU_RUNNER")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "tutorial_utils.tools.te_on_cpu", "--devices", str(devices),
+    return subprocess.run([sys.executable, "-m", "tutorial_utils.te_on_cpu", "--devices", str(devices),
                            str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "devtools"))
 
 import gpu_carry as C  # noqa: E402
 
-from tutorial_utils.tools import gpu_setup as G  # noqa: E402
+from tutorial_utils.cli import gpu_setup as G  # noqa: E402
 
 KIB = 1024
 CORE = "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
@@ -144,7 +144,7 @@ def test_the_rehearsal_fails_unless_the_gate_stops_only_at_the_driver(tmp_path):
     report = {"calls": [{"call": 1, "run": [{"name": "build", "rc": 0}]},
                         {"call": 2, "run": [{"name": "install", "rc": 0}, {"name": "gate", "rc": 1}]}]}
     plan = [{"call": 1}, {"call": 2}]
-    log.write_text("+ [gate, <= 30 s] python -m tutorial_utils.tools.gpu_setup gate\n"
+    log.write_text("+ [gate, <= 30 s] python -m tutorial_utils.cli.gpu_setup gate\n"
                    "import gate: transformer_engine.jax failed to import: AssertionError: TE's packages are not all "
                    "2.20.2: {'transformer-engine-jax': '2.20.2+efb30b7'}\n")
     verdict = C._verdict(report, plan, work, work, Path(sys.executable), {})

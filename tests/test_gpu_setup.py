@@ -1,4 +1,4 @@
-"""The GPU install and run (``tutorial_utils.tools.gpu_setup``), tested on CPU with small real
+"""The GPU install and run (``tutorial_utils.cli.gpu_setup``), tested on CPU with small real
 wheels and files laid out as pip lays them out: pins, TE's own search orders for ``nvcc`` and
 libraries, the build's environment, preflight, the offline install, the run's limits, logs,
 process-group kill and import gate, and the GPU page. TE's real ``setup.py`` is
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from gpu_wheels import make_wheel
-from tutorial_utils.tools import gpu_setup as G
-from tutorial_utils.tools import records
-from tutorial_utils.tools.bench import build_parser as bench_parser
-from tutorial_utils.tools.check import build_parser as check_parser
+from tutorial_utils.cli import gpu_setup as G
+from tutorial_utils.perfmodel import records
+from tutorial_utils.cli.bench import build_parser as bench_parser
+from tutorial_utils.cli.check import build_parser as check_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
@@ -226,10 +226,10 @@ def test_the_run_orders_its_steps_and_every_command_is_accepted_by_the_real_clis
                                               "bench-emulated", "check"]
     for name, _, cmd in steps:
         module, args = cmd[2], cmd[3:]
-        if module == "tutorial_utils.tools.gpu_setup":
+        if module == "tutorial_utils.cli.gpu_setup":
             G.build_parser().parse_args(args)
             continue
-        parsed = (check_parser() if module == "tutorial_utils.tools.check" else bench_parser()).parse_args(args)
+        parsed = (check_parser() if module == "tutorial_utils.cli.check" else bench_parser()).parse_args(args)
         assert parsed.force is True  # a second run replaces its report and records
         if name.startswith("bench"):
             assert parsed.preset == "seed" and parsed.out == str(tmp_path)
@@ -287,7 +287,7 @@ def test_a_failed_import_gate_stops_the_run_loudly(tmp_path):
 
 def test_the_import_gate_refuses_a_machine_without_a_gpu():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.gpu_setup", "gate"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.gpu_setup", "gate"], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("import gate: ")
 
@@ -313,14 +313,14 @@ def test_make_gpu_targets():
         return proc.stdout
 
     assert make_n("gpu-run", "GPU_OUT=/tmp/out").strip() == (
-        "PYTHONPATH=src python3 -m tutorial_utils.tools.gpu_setup run --bundle gpu-bundle --out /tmp/out")
+        "PYTHONPATH=src python3 -m tutorial_utils.cli.gpu_setup run --bundle gpu-bundle --out /tmp/out")
     assert make_n("gpu-check").strip().endswith("--force")  # a second run replaces the report
     setup = make_n("gpu-setup")
     for needle in ("build-requirements --cuda", "build-includes", "NVTE_NO_LOCAL_VERSION=1", "--no-build-isolation"):
         assert needle in setup, needle
     assert "cmake" not in setup and "ninja" not in setup
     assert "devtools/gpu_carry.py rehearse" in make_n("gpu-rehearse")
-    dry = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.gpu_setup", "run", "--out", "/tmp/out",
+    dry = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.gpu_setup", "run", "--out", "/tmp/out",
                           "--dry-run"], cwd=ROOT, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert [line.split(",")[0] for line in dry.stdout.splitlines()] == [

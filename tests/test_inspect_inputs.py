@@ -1,4 +1,4 @@
-"""The printing helpers of chapters 1 and 2 (tutorial_utils.tools.inspect_inputs)."""
+"""The printing helpers of chapters 1 and 2 (tutorial_utils.pages.inspect_inputs)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments
 from tutorial_utils.te.attention import SequenceDescriptor
 from tutorial_utils.te.sharding import MeshResource
-from tutorial_utils.tools.inspect_inputs import (descriptor_fields, local_rows, named_axes, preset_table,
+from tutorial_utils.pages.inspect_inputs import (descriptor_fields, local_rows, named_axes, preset_table,
                                                  shard_table, token_ranges, wrapped)
 
 

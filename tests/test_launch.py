@@ -20,7 +20,7 @@ import pytest
 
 from cli_run import exit_status_and_stderr
 from launch_demo_checks import assert_demo_passed
-from tutorial_utils.tools import launch as L
+from tutorial_utils.cli import launch as L
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 120  # a failure must surface within this many seconds
@@ -37,7 +37,7 @@ def _env():
 
 def _launch(*args, timeout=170):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.launch", *args], env=_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.launch", *args], env=_env(), capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
     return proc, time.monotonic() - t0
 
@@ -117,7 +117,7 @@ def test_the_backend_option_reaches_every_rank(monkeypatch):
     monkeypatch.setattr(L, "launch", fake_launch)
     assert L.main(["-n", "2", "--demo", "--backend", "reference", "--dtype", "float32", "--strategies", "ring"]) == 0
     assert seen["base_env"]["TUTORIAL_TE_BACKEND"] == "reference"
-    assert seen["target"][:2] == ["tutorial_utils.tools.launch", "--worker-demo"]
+    assert seen["target"][:2] == ["tutorial_utils.cli.launch", "--worker-demo"]
     assert "--dtype" in seen["target"] and seen["target"][seen["target"].index("--dtype") + 1] == "float32"
     assert L.main(["-n", "2", "--demo"]) == 0  # default: inherited backend, bf16, TE's AllGather and Ring
     assert seen["base_env"] is None

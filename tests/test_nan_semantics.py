@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from test_reference import np_attention, np_visible
-from tutorial_utils.tools import te_on_cpu
+from tutorial_utils import te_on_cpu
 from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.reference import MaskSpec, blockwise_attention
 from tutorial_utils.reorder import ReorderStrategy, inverse_reorder_causal_load_balancing, reorder_causal_load_balancing

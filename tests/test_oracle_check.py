@@ -1,11 +1,11 @@
-"""Chapter 3's oracle bookkeeping (tutorial_utils.tools.oracle_check)."""
+"""Chapter 3's oracle bookkeeping (tutorial_utils.pages.oracle_check)."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tutorial_utils.tools.oracle_check import ToleranceTable, oracle_workload, tolerance_table
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.pages.oracle_check import ToleranceTable, oracle_workload, tolerance_table
+from tutorial_utils.perfmodel.workload import get_workload
 
 
 def test_oracle_workload_keeps_small_presets_and_shrinks_the_seed():

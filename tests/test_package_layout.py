@@ -1,15 +1,24 @@
-"""The package layout: what a reader copies stays apart from the tutorial's tooling.
+"""The package layout: what a reader copies stays apart from the tooling, and the installed
+package holds none of the project's own development tooling.
 
 * No import cycles between modules, counting imports inside functions too.
-* The copied modules (top level and ``te/``) import nothing from ``tools/``, except the
-  facade's backend choice, which must know whether it runs on CPU (TE's code with a CPU kernel).
+* The copied modules (top level and ``te/``) import nothing from ``cli``, ``pages`` or
+  ``perfmodel``; only the facade's backend choice imports ``te_on_cpu`` (TE's code on CPU).
+* ``tutorial_utils/__init__.py`` only re-exports, and importing the package loads no tooling.
+* The built wheel holds the package and nothing of ``devtools/`` or ``tests/``.
 """
 
 import ast
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "src" / "tutorial_utils"
-ALLOWED_CORE_TO_TOOLS = {("te._backend", "tools.te_on_cpu")}
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "src" / "tutorial_utils"
+TOOLING = ("cli", "pages", "perfmodel", "te_on_cpu")
+ALLOWED_CORE_TO_TOOLS = {("te._backend", "te_on_cpu")}
 
 
 def _module(path: Path) -> str:
@@ -85,7 +94,44 @@ def test_no_import_cycles():
 
 def test_copied_modules_do_not_depend_on_the_tooling():
     graph = _graph()
-    core = [m for m in graph if m != "" and not m.startswith("tools")]
-    assert {"reference", "context_parallel", "reorder", "validation", "inputs", "te.attention"} <= set(core)
-    bad = [(m, d) for m in core for d in graph[m] if d.startswith("tools") and (m, d) not in ALLOWED_CORE_TO_TOOLS]
+    core = [m for m in graph if not m.startswith(TOOLING)]
+    assert {"", "reference", "context_parallel", "reorder", "validation", "inputs", "te.attention"} <= set(core)
+    bad = [(m, d) for m in core for d in graph[m] if d.startswith(TOOLING) and (m, d) not in ALLOWED_CORE_TO_TOOLS]
     assert not bad, f"copied modules import the tutorial's tooling: {bad}"
+
+
+def test_the_root_init_only_re_exports():
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # the docstring
+    kinds = {type(node).__name__ for node in body}
+    assert kinds <= {"ImportFrom", "Assign"}, kinds
+    names = {t.id for node in body if isinstance(node, ast.Assign) for t in node.targets}
+    assert names == {"__all__", "__version__"}
+    imported = {a.asname or a.name for node in body if isinstance(node, ast.ImportFrom) for a in node.names}
+    exported = next(node.value for node in body if isinstance(node, ast.Assign) and node.targets[0].id == "__all__")
+    assert imported == {ast.literal_eval(e) for e in exported.elts}
+
+
+def test_importing_the_package_loads_no_tooling():
+    """A reader's ``import tutorial_utils``: no compile cache, GC tuning, run hooks or tooling."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import sys, tutorial_utils; print(' '.join(sorted(m for m in sys.modules if m.startswith("
+            "('tutorial_utils', 'compile_cache', 'run_gc', 'run_hooks', 'run_ledger', 'sitecustomize')))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=ROOT / "src").stdout.split()
+    assert out == ["tutorial_utils", "tutorial_utils.reorder", "tutorial_utils.validation"], out
+
+
+def test_the_wheel_holds_the_package_and_no_development_tooling(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = sorted(n for n in names if n.startswith("tutorial_utils/"))
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"tutorial_utils"}, top
+    for forbidden in ("compile_cache", "run_gc", "run_ledger", "run_hooks", "venv_install", "sitecustomize",
+                      "gpu_carry", "te_build_check", "conftest"):
+        assert not [n for n in names if forbidden in n], forbidden
+    assert "tutorial_utils/te_on_cpu/cpu_attention_kernel.cc" in modules  # the kernel's source travels
+    assert {f"tutorial_utils/{d}/__init__.py" for d in TOOLING} <= set(modules)

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.tools.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
-from tutorial_utils.tools.hardware import PROFILES, get_hardware
+from tutorial_utils.perfmodel.costmodel import PUBLISHED_GB200, fit_calibration, memory_bytes, predict, predict_single
+from tutorial_utils.perfmodel.hardware import PROFILES, get_hardware
 from cli_run import exit_status_and_stderr
-from tutorial_utils.tools.plan import build_workload, format_table, main as plan_main, plan
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.cli.plan import build_workload, format_table, main as plan_main, plan
+from tutorial_utils.perfmodel.workload import get_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.tools.plan", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.plan", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -87,7 +87,7 @@ def test_a_measured_configuration_wins_over_an_unmeasured_one_within_the_stated_
 
 def test_an_unmeasured_configuration_wins_when_it_is_faster_than_the_error():
     """The same rule does not keep a measurement that the model says is clearly slower."""
-    from tutorial_utils.tools.plan import _recommend
+    from tutorial_utils.cli.plan import _recommend
 
     cal = fit_calibration()
     tol = cal.cross_strategy_error
@@ -219,7 +219,7 @@ def test_published_record_matches_the_constants_and_the_schema():
         assert by[s]["mean_ms"] == PUBLISHED_GB200[s]["mean_ms"]
         assert by[s]["stripe_size"] == PUBLISHED_GB200[s]["stripe_size"]
         assert round(by["single"]["mean_ms"] / by[s]["mean_ms"], 2) == by[s]["speedup"]
-    from tutorial_utils.tools.records import validate_record
+    from tutorial_utils.perfmodel.records import validate_record
 
     validate_record(rec)
 
@@ -365,7 +365,7 @@ def test_compact_table_fits_a_page_and_keeps_the_deciding_columns(seed_gb200):
 
 def test_break_even_table_gives_a_range_across_both_fits():
     """One row, two windows: the break-even under each reading of TE's times, never 'from window 0'."""
-    from tutorial_utils.tools.plan import break_even_table
+    from tutorial_utils.cli.plan import break_even_table
 
     text = break_even_table("seed", [("allgather", 128)], windows=[16, 8192])
     header, _, row = text.splitlines()[2:5]

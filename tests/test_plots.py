@@ -13,9 +13,9 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
-from tutorial_utils.tools import plots  # noqa: E402
+from tutorial_utils.pages import plots  # noqa: E402
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments  # noqa: E402
-from tutorial_utils.tools.workcount import count_work, local_token_order  # noqa: E402
+from tutorial_utils.perfmodel.workcount import count_work, local_token_order  # noqa: E402
 
 
 MIN_FONT_PT = 9  # the smallest text any figure may draw (titles, labels, ticks, legends, annotations)
@@ -274,8 +274,8 @@ def test_comm_steps_arrows_per_panel(strategy, schedule, panels, arrows):
 
 
 def test_comm_steps_allgather_panels_follow_the_byte_accounting():
-    """The diagram draws one panel per collective that tutorial_utils.tools.comm counts, in order."""
-    comm = pytest.importorskip("tutorial_utils.tools.comm")
+    """The diagram draws one panel per collective that tutorial_utils.perfmodel.comm counts, in order."""
+    comm = pytest.importorskip("tutorial_utils.perfmodel.comm")
     for schedule in ("te", "reference"):
         vol = comm.comm_volume("allgather", batch=1, seq_len=64, num_q_heads=4, num_kv_heads=2, head_dim=8, cp_size=4,
                                schedule=schedule)
@@ -311,7 +311,7 @@ def test_comm_steps_rejects_bad_input(args, name):
 
 
 def test_comm_bytes_bar_heights_match_the_volumes():
-    comm = pytest.importorskip("tutorial_utils.tools.comm")
+    comm = pytest.importorskip("tutorial_utils.perfmodel.comm")
     vols = {s: comm.comm_volume(s, batch=2, seq_len=2048, num_q_heads=16, num_kv_heads=4, head_dim=32, cp_size=4)
             for s in ("ring", "allgather", "ulysses")}
     fig = plots.plot_comm_bytes(vols, unit="B")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.tools import records
-from tutorial_utils.tools.records import (SCHEMA, committed_problems, load_records, read_records, source_title,
+from tutorial_utils.perfmodel import records
+from tutorial_utils.perfmodel.records import (SCHEMA, committed_problems, load_records, read_records, source_title,
                                     validate_record, write_record)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The run ledger (tools/run_ledger.py): a hooked interpreter records its CPU and its XLA compiles.
+"""The run ledger (devtools/run_ledger.py): a hooked interpreter records its CPU and its XLA compiles.
 
 The hook goes into a temporary site folder, which a fresh interpreter adds with
 ``site.addsitedir`` (that is how Python reads a venv's ``.pth`` files), so nothing is written to
@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from tutorial_utils.tools import run_ledger
+import run_ledger
 
 PROGRAM = ("import site, sys; site.addsitedir(sys.argv[1]); "
-           "from tutorial_utils.tools import compile_cache; compile_cache.enable(sys.argv[2]); "
+           "import compile_cache; compile_cache.enable(sys.argv[2]); "
            "import jax, jax.numpy as jnp; print(jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0)).sum())")
 
 

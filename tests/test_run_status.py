@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_utils.tools import run_status
-from tutorial_utils.tools.records import validate_record
+from tutorial_utils.pages import run_status
+from tutorial_utils.perfmodel.records import validate_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = run_status.build_description(False, None, 4)

@@ -4,7 +4,7 @@
 TUTORIAL_FAST_MALLOC=0). A process started with it really runs on it (its memory map names the
 library) and computes the same bits as one on glibc's malloc. Every process that imports
 tutorial_utils under the run's ``TUTORIAL_RUN_GC_THRESHOLDS`` freezes what it imported and
-collects less often (tools/run_gc.py); without it, Python's defaults stay.
+collects less often (devtools/run_gc.py); without it, Python's defaults stay.
 """
 
 import os
@@ -70,7 +70,7 @@ def test_this_worker_collects_garbage_as_conftest_set_it():
 def test_a_run_subprocess_tunes_its_collector_at_import_and_a_readers_does_not(monkeypatch):
     import gc
 
-    from tutorial_utils.tools import run_gc
+    import run_gc
 
     code = "import gc, tutorial_utils; print(*gc.get_threshold(), gc.get_freeze_count())"
     env = {**os.environ, run_gc.ENV: "30000 30 30"}

@@ -17,7 +17,7 @@ Markers a page may put on the line right before a fence (MyST comments: not rend
 * ``% shown-commands: output``: the block shows output, not commands; it is not harvested.
 * ``% shown-commands: run``: every command of the block runs as typed in the clone (exit 0
   within 300 s, nothing but its exit status checked): for cheap CPU commands such as
-  ``python -m tutorial_utils.tools.te_on_cpu examples/x.py``.
+  ``python -m tutorial_utils.te_on_cpu examples/x.py``.
 * ``% shown-commands: gpu``: the block is for a GPU node or a scheduler: ``python -m``
   commands are parsed by their real CLI, ``make`` targets run as ``make -n``, anything else
   is only syntax-checked (``bash -n``).
@@ -34,7 +34,7 @@ kinds of handler:
   folder (``{tmp}``), then the output checked (e.g. the launcher's per-rank results, a
   ``cp=4`` PASS line of ``check``).
 * ``Parse``: commands for a GPU node or a scheduler (SLURM ``srun``, ``mpirun``): the inner
-  ``python -m tutorial_utils.tools.X ...`` arguments are parsed by X's real command line
+  ``python -m tutorial_utils.cli.X ...`` arguments are parsed by X's real command line
   (its ``__main__`` runs up to ``parse_args()``, which then prints the namespace and stops),
   in the clone; a ``bash -c '...'`` wrapper is syntax-checked with ``bash -n``.
 * ``MakeDry``: ``make <target>`` runs as ``make -n <target>`` in the clone and the recipe must
@@ -329,7 +329,7 @@ def _check_bench_kernel(proc, tmp):
 
 MY_WORKER = """\
 import sys
-from tutorial_utils.tools.launch import initialize
+from tutorial_utils.cli.launch import initialize
 
 info = initialize()
 import numpy as np
@@ -349,7 +349,7 @@ HANDLED: Dict[str, object] = {
     "make docs": MakeDry("builds the whole site; tests/test_site.py builds it already", ("sphinx", "_build/html")),
     "make test": MakeDry("runs the suite, this test included: recursion", ("pytest", "setup_machine.sh")),
     "make gpu-setup": MakeDry("needs a CUDA node", ("gpu_setup", "transformer-engine")),
-    "make gpu-check": MakeDry("needs a GPU node", ("tutorial_utils.tools.check --out results/checks/gpu-check.json --force",)),
+    "make gpu-check": MakeDry("needs a GPU node", ("tutorial_utils.cli.check --out results/checks/gpu-check.json --force",)),
     "make gpu-bundle": MakeDry("downloads ~290 MB of CUDA wheels", ("gpu_setup bundle",)),
     "make gpu-run": MakeDry("needs a GPU node and a carried bundle", ("gpu_setup run",)),
     "make bench-cpu": Run("the recipe's script (make -n checked separately) at 512 tokens",
@@ -365,33 +365,33 @@ HANDLED: Dict[str, object] = {
                                      "--results-dir", "{tmp}"),
                              check=_check_bench_kernel, timeout=300),
     # ---- README: table of tools, run as typed on a CPU laptop
-    "python -m tutorial_utils.tools.plan --preset seed --hardware H200": Run("cheap: a cost model",
+    "python -m tutorial_utils.cli.plan --preset seed --hardware H200": Run("cheap: a cost model",
                                                                                         check=_check_plan, timeout=120),
-    "python -m tutorial_utils.tools.bench --preset cpu": Run(
+    "python -m tutorial_utils.cli.bench --preset cpu": Run(
         "1 window, 1 AllGather stripe, 1 iteration; 4 simulated devices as bench sets them up", append=_SMALL_BENCH,
         check=_check_bench, timeout=400),
-    "python -m tutorial_utils.tools.check": Run(
+    "python -m tutorial_utils.cli.check": Run(
         "--quick, CP checks only (the other --quick checks run in tests/test_check.py); 4 simulated devices by default",
         append=("--quick", "--only", "cp-", "--out", "{tmp}/check.json"), check=_check_check, timeout=500),
-    "python -m tutorial_utils.tools.launch -n 4 --demo": Run(
+    "python -m tutorial_utils.cli.launch -n 4 --demo": Run(
         "as typed (README and docs/multinode.md): 4 processes, TE's AllGather and Ring on TE-on-CPU", append=("--out", "{tmp}/demo", "--timeout", "560"),
         check=_check_demo4, timeout=590),
-    "python -m tutorial_utils.tools.gpu_setup cudnn|bundle|install|run": Parse(
+    "python -m tutorial_utils.cli.gpu_setup cudnn|bundle|install|run": Parse(
         "GPU node set-up; each of the four subcommands is parsed (with --dry-run where it has one)"),
     # ---- docs/multinode.md
-    "python -m tutorial_utils.tools.launch -n 4 -- my_worker.py --lr 1": Run(
+    "python -m tutorial_utils.cli.launch -n 4 -- my_worker.py --lr 1": Run(
         "my_worker.py: a 9-line worker that calls initialize() and all-gathers the ranks", files={"my_worker.py": MY_WORKER},
         check=_check_worker, timeout=240),
-    "python -m tutorial_utils.tools.bench --preset seed --emulate-ranks 8 --link-gbps 50": Run(
+    "python -m tutorial_utils.cli.bench --preset seed --emulate-ranks 8 --link-gbps 50": Run(
         "cpu preset for seed (seed's sub-problems do not fit a CPU), 1 window, 1 stripe, 1 iteration",
         replace=[("--preset seed", "--preset cpu")], append=_SMALL_BENCH, check=_check_bench, timeout=400),
     "source .venv/bin/activate": Shell("the clone's .venv is this checkout's"),
     "export CP_LAUNCH_INIT_TIMEOUT=300 CP_LAUNCH_HEARTBEAT_TIMEOUT=60": Shell("sets variables only"),
-    "srun python -m tutorial_utils.tools.launch --worker-demo --preset cpu": Parse(
+    "srun python -m tutorial_utils.cli.launch --worker-demo --preset cpu": Parse(
         "SLURM", expect={"worker_demo": True, "preset": "cpu"}),
     "mpirun -np 8 -H node1:4,node2:4 -x COORDINATOR_ADDRESS=node1:12355 -x PATH -x VIRTUAL_ENV bash -c "
     "'NUM_PROCESSES=$OMPI_COMM_WORLD_SIZE PROCESS_ID=$OMPI_COMM_WORLD_RANK CP_LAUNCH_LOCAL_DEVICE_IDS=$OMPI_COMM_WORLD_LOCAL_RANK "
-    "exec python -m tutorial_utils.tools.launch --worker-demo --preset cpu'": Parse(
+    "exec python -m tutorial_utils.cli.launch --worker-demo --preset cpu'": Parse(
         "mpirun on two nodes", expect={"worker_demo": True, "preset": "cpu"}),
     "python -m pytest tests/test_launch.py": PytestCollect("the suite runs tests/test_launch.py"),
     'python -m pytest -m "not slow" tests/test_launch.py': PytestCollect("the suite runs tests/test_launch.py"),
@@ -404,32 +404,32 @@ HANDLED: Dict[str, object] = {
         "on CPU it prints TE-on-CPU's name (the page shows a GPU node's output)", check=_check_backend_line, timeout=120),
     "export CP_TUTORIAL_PRESET=seed": Shell("sets a variable only"),
     "export TUTORIAL_TE_BACKEND=te": Shell("sets a variable only"),
-    "python -m tutorial_utils.tools.bench": Parse(_GPU),
-    "python -m tutorial_utils.tools.bench --stripes 1,128,512 --windows 8192,-1 --iters 5 --warmup 2": Parse(
+    "python -m tutorial_utils.cli.bench": Parse(_GPU),
+    "python -m tutorial_utils.cli.bench --stripes 1,128,512 --windows 8192,-1 --iters 5 --warmup 2": Parse(
         _GPU, expect={"iters": 5, "warmup": 2}),
-    "python -m tutorial_utils.tools.bench --preset seed --emulate-ranks 4": Parse(
+    "python -m tutorial_utils.cli.bench --preset seed --emulate-ranks 4": Parse(
         "takes the link speed from the GPU's profile: a GPU node", expect={"emulate_ranks": 4, "preset": "seed"}),
     "python --version": Run("prints the interpreter's version", check=lambda proc, tmp: {"printed": proc.stdout.strip()}
                             if proc.stdout.startswith("Python 3") else pytest.fail(proc.stdout + proc.stderr), timeout=30),
     "pip install -e '.[gpu-cuda13]'": PipExtras("downloads CUDA 13 wheels for a GPU node"),
-    "CPLUS_INCLUDE_PATH=$(python -m tutorial_utils.tools.gpu_setup build-includes) NVTE_FRAMEWORK=jax "
+    "CPLUS_INCLUDE_PATH=$(python -m tutorial_utils.cli.gpu_setup build-includes) NVTE_FRAMEWORK=jax "
     "NVTE_NO_LOCAL_VERSION=1 pip install --no-build-isolation transformer-engine-jax==2.20.2": Parse(
         "builds TE's extension against CUDA headers: a GPU node; the inner gpu_setup call is parsed, the line bash -n checked",
-        inner=["tutorial_utils.tools.gpu_setup", "build-includes"]),
+        inner=["tutorial_utils.cli.gpu_setup", "build-includes"]),
     "make gpu-bundle GPU_CUDA=12 GPU_PYTHON=3.11": MakeDry("downloads CUDA wheels", ("gpu_setup bundle", "--cuda 12",
                                                                                     "--python-version 3.11")),
     # ---- docs/recipes.md
-    "python -m tutorial_utils.tools.te_on_cpu --devices 4 examples/thd_ring.py": Run(
+    "python -m tutorial_utils.te_on_cpu --devices 4 examples/thd_ring.py": Run(
         "as typed: the unmodified TE recipe on TE-on-CPU, 4 simulated devices", timeout=500,
         check=lambda proc, tmp: {} if proc.stdout.startswith("te_on_cpu: examples/thd_ring.py runs TransformerEngine")
         else pytest.fail(proc.stdout[-2000:])),
-    "python -m tutorial_utils.tools.check_layout examples/packed_batch.npz --cp 4 --strategy allgather --stripe 128 "
+    "python -m tutorial_utils.cli.check_layout examples/packed_batch.npz --cp 4 --strategy allgather --stripe 128 "
     "--window 256": Run("as typed: the shipped sample batch", timeout=400,
                         check=lambda proc, tmp: {} if "OK" in proc.stdout else pytest.fail(proc.stdout[-2000:])),
 }
 
 _ALTERNATIVES = {  # a usage line with alternatives: each alternative, with what its parser needs
-    "python -m tutorial_utils.tools.gpu_setup cudnn|bundle|install|run": [
+    "python -m tutorial_utils.cli.gpu_setup cudnn|bundle|install|run": [
         ["cudnn"], ["bundle", "{tmp}/b", "--dry-run"], ["install", "{tmp}/b", "--dry-run"], ["run", "--dry-run"]],
 }
 
@@ -474,7 +474,9 @@ def clone(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TUTORIAL_TE_BACKEND", "JAX_PLATFORMS",
                                                              "PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER")}
     env.update(PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(ROOT / ".venv"),
-               PYTHONPATH=str(dest / "src"), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+               PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               # the clone's package, and the run's own settings (compile cache, flags) from devtools/
+               PYTHONPATH=os.pathsep.join([str(dest / "src"), str(ROOT / "devtools")]))
     return dest, env
 
 
@@ -486,7 +488,7 @@ def _sh(command: str, clone, cwd=None, timeout=300):
 
 
 def _inner_python(command: str) -> Tuple[str, List[str], Optional[str]]:
-    """``(module, argv, bash_c_script)`` of the ``python -m tutorial_utils.tools.X ...`` inside a command."""
+    """``(module, argv, bash_c_script)`` of the ``python -m tutorial_utils.cli.X ...`` inside a command."""
     words = shlex.split(command)
     script = None
     if "bash" in words and "-c" in words:

@@ -17,7 +17,7 @@ at least one figure.
 Rendering, on every built page at 1280 px (new pages are covered without an edit): code and
 output boxes never soft-wrap (a long line scrolls horizontally), no box clips a line without a
 scroll bar or sticks out of the article, and no table cell breaks a word across lines. The
-landing page and every chapter carry the generated run-status box (``tools.run_status``). Page
+landing page and every chapter carry the generated run-status box (``pages.run_status``). Page
 heights go to ``test-artifacts/page-heights.json``.
 
 Requests to other hosts are never sent. They are answered with an empty body and listed in
@@ -526,8 +526,8 @@ def test_tables_do_not_break_words(crawl):
 
 
 def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
-    """The generated box (tools.run_status) is on each chapter that was built, new ones included."""
-    from tutorial_utils.tools import run_status
+    """The generated box (pages.run_status) is on each chapter that was built, new ones included."""
+    from tutorial_utils.pages import run_status
 
     recs = run_status.gpu_records(ROOT / "results")
     expected = ([f"results/{Path(r['_path']).name}" for r in recs[-run_status.MAX_NAMED:]] if recs
@@ -550,7 +550,7 @@ def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
 
 def test_support_matrix_page_shows_the_record(crawl):
     """docs/support_matrix: the executed table of TE's verdicts, its backend line, and refusals linked to rules."""
-    from tutorial_utils.tools import support_matrix as sm
+    from tutorial_utils.cli import support_matrix as sm
 
     res = crawl.pages.get("docs/support_matrix.html")
     assert res is not None, "docs/support_matrix.html was not crawled"

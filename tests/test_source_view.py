@@ -1,11 +1,11 @@
-"""tutorial_utils.tools.source_view.show_source: a page shows the code that runs."""
+"""tutorial_utils.pages.source_view.show_source: a page shows the code that runs."""
 
 import inspect
 
 import pytest
 
 from tutorial_utils.context_parallel import merge_partial, ring_attention_shard
-from tutorial_utils.tools.source_view import SourceCode, show_source
+from tutorial_utils.pages.source_view import SourceCode, show_source
 
 
 def test_shows_the_package_source_with_its_file_and_lines():

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tutorial_utils.tools import support_matrix as sm
+from tutorial_utils.cli import support_matrix as sm
 
 RECORD = json.loads(sm.DEFAULT_OUT.read_text(encoding="utf-8"))
 ROWS = {r["id"]: r for r in sm.ROWS}

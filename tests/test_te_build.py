@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "devtools"))
 
 import te_build_check as T  # noqa: E402
 
-from tutorial_utils.tools import gpu_setup as G  # noqa: E402
+from tutorial_utils.cli import gpu_setup as G  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

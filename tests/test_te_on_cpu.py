@@ -1,4 +1,4 @@
-"""TransformerEngine's own JAX code on CPU (``tutorial_utils.tools.te_on_cpu``) against independent oracles.
+"""TransformerEngine's own JAX code on CPU (``tutorial_utils.te_on_cpu``) against independent oracles.
 
 * the stand-in extension: TE's C enum values, honest queries, loud refusals;
 * single device: TE's ``fused_attn`` (THD and BSHD, every mask type, windows, GQA 1/2/4/8,
@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from test_reference import _oracle_fn as _oracle  # jax.nn.dot_product_attention (xla) + gradients
 from test_reference import np_attention, np_visible, random_layout
-from tutorial_utils.tools import te_on_cpu
+from tutorial_utils import te_on_cpu
 from tutorial_utils.te.attention import silent_failure_checks
 from tutorial_utils.validation import first_violation
 
@@ -51,7 +51,7 @@ def test_the_single_gpu_seed_step_goes_through_tes_code_at_two_to_the_31_element
     not run: no CPU holds it), and the step's buffers fit an H200 (141 GiB) with room."""
     import math
 
-    from tutorial_utils.tools.workload import get_workload
+    from tutorial_utils.perfmodel.workload import get_workload
 
     wl = get_workload("seed")
     q = jax.ShapeDtypeStruct((wl.batch, wl.seq_len, wl.num_q_heads, wl.head_dim), jnp.bfloat16)

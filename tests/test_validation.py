@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 import tutorial_utils.te as te
 from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.inputs import pack_segments
-from tutorial_utils.tools.workload import workload_segments
+from tutorial_utils.perfmodel.workload import workload_segments
 from tutorial_utils.reference import MaskSpec, blockwise_attention, dense_attention
 from tutorial_utils.te.attention import (
     AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrategy, QKVLayout, SequenceDescriptor, fused_attn, static_checks,
@@ -21,7 +21,7 @@ from tutorial_utils.te.attention import (
 from tutorial_utils.validation import (
     check_divisible_seq, check_gqa_heads, check_ulysses_heads, check_window, first_violation, validate_packed_inputs,
 )
-from tutorial_utils.tools.workload import PRESETS
+from tutorial_utils.perfmodel.workload import PRESETS
 
 
 def row(*ids):

@@ -1,4 +1,4 @@
-"""The venv installer (src/tutorial_utils/tools/venv_install.py): uv with pip's indexes, else pip.
+"""The venv installer (devtools/venv_install.py): uv with pip's indexes, else pip.
 
 The real install runs at the start of every ``make test`` and CI leg; these tests check what it
 hands to uv and that a failing uv falls back to pip with the same packages.
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tutorial_utils.tools import venv_install as V
+import venv_install as V
 
 
 def test_pip_s_settings_reach_uv_and_a_missing_local_path_is_skipped(tmp_path, monkeypatch):
@@ -72,7 +72,7 @@ def test_the_install_writes_bytecode_of_the_common_imports_even_where_the_enviro
     """``warm_bytecode`` imports with writing allowed; ``PYTHONDONTWRITEBYTECODE`` alone would leave no .pyc."""
     real = V.WARM_CODE
     # the real list: TE's JAX code is imported after the CPU stand-in is installed (TE alone refuses to import)
-    assert real.index("tutorial_utils.tools.te_on_cpu") < real.index("transformer_engine.jax")
+    assert real.index("tutorial_utils.te_on_cpu") < real.index("transformer_engine.jax")
     (tmp_path / "warm_me.py").write_text("VALUE = 1\n")
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

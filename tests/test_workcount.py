@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
-from tutorial_utils.tools.workload import workload_segments
-from tutorial_utils.tools.workcount import (
+from tutorial_utils.perfmodel.workload import workload_segments
+from tutorial_utils.perfmodel.workcount import (
     attention_flops,
     count_work,
     count_workload,
@@ -18,7 +18,7 @@ from tutorial_utils.tools.workcount import (
     total_visible_pairs,
     visible_pairs_per_query,
 )
-from tutorial_utils.tools.workload import get_workload
+from tutorial_utils.perfmodel.workload import get_workload
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_bad_input_raises_naming_the_parameter(call, needle):
 
 def test_running_count_answers_as_searchsorted_does_and_falls_back_when_sparse():
     """count_work's lookups (workcount._Below) against np.searchsorted, on a dense and a sparse code range."""
-    from tutorial_utils.tools.workcount import _Below
+    from tutorial_utils.perfmodel.workcount import _Below
 
     rng = np.random.default_rng(3)
     for size in (500, 10**7):  # the first builds the running count, the second is too sparse for it

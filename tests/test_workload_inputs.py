@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
-from tutorial_utils.tools.workload import make_qkv, workload_segments
+from tutorial_utils.perfmodel.workload import make_qkv, workload_segments
 from tutorial_utils.validation import validate_packed_inputs
-from tutorial_utils.tools.workload import PRESETS, Workload, get_workload, preset_from_env
+from tutorial_utils.perfmodel.workload import PRESETS, Workload, get_workload, preset_from_env
 
 # ----------------------------------------------------------------------------- presets
 

@@ -48,7 +48,7 @@ class MaskSpec:
     padding: bool = True
     causal: bool = True
     window: Tuple[int, int] = (-1, -1)
-    #: Kernel mode, used by the cuDNN-contract kernel in :mod:`tutorial_utils.tools.te_on_cpu`:
+    #: Kernel mode, used by the cuDNN-contract kernel in :mod:`tutorial_utils.te_on_cpu`:
     #: ``ids_q``/``pos_q`` hold each query row's inclusive ``[lo, hi]`` range of key rows
     #: and ``pos_kv`` holds each key's row index (``ids_kv`` is ignored but for block
     #: padding). A row with ``lo > hi`` sees nothing. ``padding``/``causal``/``window`` are

@@ -2,7 +2,7 @@
 
 On a GPU node with TransformerEngine installed, ``te.attention``, ``te.sharding``,
 ``te.autocast`` and ``te.MeshResource`` come from real TE. On a machine without CUDA they come
-from TE's same JAX code, with :mod:`tutorial_utils.tools.te_on_cpu`'s reference kernel in place of
+from TE's same JAX code, with :mod:`tutorial_utils.te_on_cpu`'s reference kernel in place of
 cuDNN. ``fused_attn`` is TE's, behind a few static checks for inputs TE would silently get
 wrong. ``TUTORIAL_TE_BACKEND=reference`` selects the pure-JAX re-implementation instead.
 ``te.backend_name()`` says which one produced your outputs.

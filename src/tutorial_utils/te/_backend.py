@@ -4,7 +4,7 @@ Why: the same notebook cell must run real TE on a GPU node, and TE's own Python 
 else. ``TUTORIAL_TE_BACKEND`` chooses:
 
 * ``auto`` (default): real TE when a GPU is visible and ``transformer_engine.jax`` imports;
-  otherwise TE-on-CPU (TE's JAX code with :mod:`tutorial_utils.tools.te_on_cpu`'s kernel);
+  otherwise TE-on-CPU (TE's JAX code with :mod:`tutorial_utils.te_on_cpu`'s kernel);
   otherwise the pure-JAX reference, with the reason in :func:`backend_name`.
 * ``te``: real TE, or an error saying how to install it.
 * ``te-cpu``: TE-on-CPU, or an error.
@@ -41,7 +41,7 @@ def _import_real_te():
 
 
 def _import_te_on_cpu():
-    from ..tools import te_on_cpu
+    from tutorial_utils import te_on_cpu
 
     return te_on_cpu.install()
 
@@ -95,7 +95,7 @@ def backend_name() -> str:
     if BACKEND_KIND == "te":
         return f"TransformerEngine {_te_version(REAL_TE)} (real cuDNN kernels)"
     if BACKEND_KIND == "te-cpu":
-        from ..tools.te_on_cpu import BACKEND_DESCRIPTION
+        from tutorial_utils.te_on_cpu import BACKEND_DESCRIPTION
 
         return f"TransformerEngine {_te_version(REAL_TE)} ({BACKEND_DESCRIPTION})"
     return REFERENCE_NAME + (f" ({WHY_NOT_TE})" if WHY_NOT_TE else "")

@@ -1,7 +1,7 @@
 """``transformer_engine.jax.attention`` with the same names, signatures and defaults (TE 2.20.2).
 
 Why: readers copy these calls into models that run real TE. Whenever TE's own Python runs
-(real TE on a GPU node, or TE's JAX code on CPU with :mod:`tutorial_utils.tools.te_on_cpu`'s
+(real TE on a GPU node, or TE's JAX code on CPU with :mod:`tutorial_utils.te_on_cpu`'s
 kernel), every name here is TE's, and ``fused_attn`` is TE's behind
 :func:`silent_failure_checks`: static checks for the inputs TE accepts and computes
 *wrongly* (each has a test in which TE, without the check, returns a wrong result). Under

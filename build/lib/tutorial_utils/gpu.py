@@ -1,0 +1,113 @@
+"""Is an NVIDIA GPU visible? Answered without starting JAX.
+
+Why: two decisions depend on it and both must happen before JAX starts: whether to
+simulate CPU devices (XLA reads that flag once, at start-up) and whether
+``tutorial_utils.te`` hands over to real TransformerEngine or to TE's code on CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+__all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl"]
+
+
+def jax_started() -> bool:
+    """True once JAX has created its backends; importing JAX alone does not start them.
+
+    Why: XLA reads the simulated-device flag when the backends start, not at ``import jax``,
+    and this package imports JAX, so "is JAX imported?" is the wrong question for device set-up.
+    """
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:  # noqa: BLE001 - private API moved: assume started (the answer that never simulates late)
+        return True
+
+
+def _cuda_plugin_installed() -> bool:
+    import importlib.util
+
+    names = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:  # a missing parent package (jax_plugins)
+            continue
+    return False
+
+
+def gpu_present() -> bool:
+    """True when an NVIDIA GPU is visible: to JAX if its backends are already running, else to the driver.
+
+    Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
+    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
+    """
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    if jax_started():  # asking a JAX that has not started would start it, before any device set-up
+        import jax
+
+        try:
+            return any(d.platform == "gpu" for d in jax.devices())
+        except RuntimeError:
+            return False
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    has_node = any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
+    return has_node and _cuda_plugin_installed()
+
+
+# ----------------------------------------------------------------------------- NCCL before TE
+
+
+def _site_dirs() -> List[str]:
+    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")] + [p for p in sys.path if p]
+    return list(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
+
+
+def _nvidia_dirs(sites: Optional[Sequence[str]]) -> List[Path]:
+    return [Path(s) / "nvidia" for s in (_site_dirs() if sites is None else sites) if (Path(s) / "nvidia").is_dir()]
+
+
+def nccl_library(sites: Optional[Sequence[str]] = None) -> Optional[Path]:
+    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib`` layout)."""
+    for nv in _nvidia_dirs(sites):
+        for sub in ("nccl", "cu13", "cu12"):
+            lib = nv / sub / "lib" / "libnccl.so.2"
+            if lib.is_file():
+                return lib
+    return None
+
+
+def preload_nccl(sites: Optional[Sequence[str]] = None) -> Optional[str]:
+    """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
+
+    Why: ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no
+    RPATH; they load only if NCCL is already in the process (JAX's CUDA plugin loads it when its
+    backend starts) or on the loader path. Call this before ``import transformer_engine.jax``.
+    Returns the path loaded, or ``None`` when pip's NCCL is not installed (a system NCCL on the
+    loader path then serves).
+    """
+    lib = nccl_library(sites)
+    if lib is None:
+        return None
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    return str(lib)

@@ -1,0 +1,101 @@
+"""Decide once which implementation ``tutorial_utils.te`` hands over to.
+
+Why: the same notebook cell must run real TE on a GPU node, and TE's own Python everywhere
+else. ``TUTORIAL_TE_BACKEND`` chooses:
+
+* ``auto`` (default): real TE when a GPU is visible and ``transformer_engine.jax`` imports;
+  otherwise TE-on-CPU (TE's JAX code with :mod:`tutorial_utils.te_on_cpu`'s kernel);
+  otherwise the pure-JAX reference, with the reason in :func:`backend_name`.
+* ``te``: real TE, or an error saying how to install it.
+* ``te-cpu``: TE-on-CPU, or an error.
+* ``reference``: the pure-JAX re-implementation of TE's API (more forgiving than TE: it
+  ignores token order, so it cannot show TE's failure modes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from ..gpu import gpu_present, preload_nccl
+
+_ENV = "TUTORIAL_TE_BACKEND"
+CHOICES = ("auto", "te", "te-cpu", "reference")
+REFERENCE_NAME = "reference (pure JAX, TE 2.20.2 semantics)"
+
+
+def _te_version(module) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("transformer-engine")
+    except Exception:  # noqa: BLE001 - metadata missing in source builds
+        return getattr(module, "__version__", "unknown")
+
+
+def _import_real_te():
+    # TE's libraries need libnccl.so.2 and carry no RPATH: load pip's NCCL first, so the import
+    # does not depend on JAX's CUDA plugin having loaded it already
+    preload_nccl()
+    return importlib.import_module("transformer_engine.jax")
+
+
+def _import_te_on_cpu():
+    from tutorial_utils import te_on_cpu
+
+    return te_on_cpu.install()
+
+
+def _decide():
+    """``(module or None, kind, why_not)`` where kind is 'te', 'te-cpu' or 'reference'."""
+    choice = os.environ.get(_ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{_ENV}={choice!r} is not one of {CHOICES}; unset it or pick one of those.")
+    if choice == "reference":
+        return None, "reference", ""
+    if choice == "te" or (choice == "auto" and gpu_present()):
+        try:
+            return _import_real_te(), "te", ""
+        except Exception as err:  # noqa: BLE001 - TE raises many kinds when CUDA/cuDNN are missing
+            if choice == "te":
+                raise ImportError(
+                    f"{_ENV}=te but transformer_engine.jax failed to import ({err}). On a CUDA machine run "
+                    "`make gpu-setup` (JAX first, then TE built against it; needs cuDNN >= 9.12 and the CUDA "
+                    "headers), or unset the variable.") from err
+            return None, "reference", f"TE not used: {str(err).splitlines()[0][:160]}"
+    try:
+        return _import_te_on_cpu(), "te-cpu", ""
+    except Exception as err:  # noqa: BLE001
+        if choice == "te-cpu":
+            raise ImportError(f"{_ENV}=te-cpu but TE's JAX code could not be loaded on CPU ({err}). Reinstall the "
+                              "package (`make venv`), which brings transformer-engine==2.20.2 and flax.") from err
+        return None, "reference", f"TE-on-CPU not used: {str(err).splitlines()[0][:160]}"
+
+
+REAL_TE, BACKEND_KIND, WHY_NOT_TE = _decide()
+
+
+def using_real_te() -> bool:
+    """True when real TransformerEngine runs with cuDNN kernels (a GPU node)."""
+    return BACKEND_KIND == "te"
+
+
+def using_te_code() -> bool:
+    """True when TE's own Python runs: real TE, or TE-on-CPU with the stand-in kernel."""
+    return REAL_TE is not None
+
+
+def backend_kind() -> str:
+    """``'te'`` (real TE on a GPU), ``'te-cpu'`` (TE's JAX code on CPU) or ``'reference'``."""
+    return BACKEND_KIND
+
+
+def backend_name() -> str:
+    """Which implementation produced the outputs, in words, e.g. for a page's ``Backend:`` line."""
+    if BACKEND_KIND == "te":
+        return f"TransformerEngine {_te_version(REAL_TE)} (real cuDNN kernels)"
+    if BACKEND_KIND == "te-cpu":
+        from tutorial_utils.te_on_cpu import BACKEND_DESCRIPTION
+
+        return f"TransformerEngine {_te_version(REAL_TE)} ({BACKEND_DESCRIPTION})"
+    return REFERENCE_NAME + (f" ({WHY_NOT_TE})" if WHY_NOT_TE else "")

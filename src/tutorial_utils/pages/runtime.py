@@ -1,0 +1,125 @@
+"""Device set-up and the one-line provenance every notebook prints.
+
+Why: XLA reads ``--xla_force_host_platform_device_count`` only when JAX initialises its CPU
+backend, so the flag must be set *before* ``import jax``. On a GPU node the flag is
+harmless but pointless; here we only add it when no GPU is visible. And every executed
+output must say which backend (real TE or the reference) and which devices produced it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from tutorial_utils.gpu import gpu_present
+
+__all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
+
+_FLAG = "--xla_force_host_platform_device_count"
+
+
+def setup_devices(num_cpu_devices: int = 4) -> None:
+    """Give JAX ``num_cpu_devices`` simulated CPU devices unless a GPU is present.
+
+    Must run before the first ``import jax``; raises if JAX is already initialised with
+    fewer devices, because silently running CP on one device would teach nothing. A device
+    count already set in ``XLA_FLAGS`` is the caller's choice (a 1-, 2- or 8-device run) and
+    is kept; each page then says what it can do with that many.
+    """
+    if not isinstance(num_cpu_devices, int) or num_cpu_devices < 1:
+        raise ValueError(f"num_cpu_devices must be a positive int, got {num_cpu_devices!r}.")
+    if gpu_present():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    chosen = _FLAG in flags  # the caller fixed the device count (e.g. a 1-, 2- or 8-device run): keep it
+    if not chosen:
+        os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={num_cpu_devices}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "jax" in sys.modules and not chosen:
+        import jax
+
+        have = len(jax.devices())
+        if have < num_cpu_devices and jax.default_backend() == "cpu":
+            raise RuntimeError(
+                f"JAX was imported before setup_devices() and sees {have} CPU device(s), not {num_cpu_devices}. "
+                f"Restart the kernel and call setup_devices() (or set XLA_FLAGS={_FLAG}={num_cpu_devices}) before importing jax."
+            )
+
+
+def _devices_summary():
+    import jax
+
+    devs = jax.devices()
+    kinds = sorted({d.device_kind for d in devs})
+    return jax.default_backend(), len(devs), ", ".join(kinds)
+
+
+def backend_line(workload=None) -> str:
+    """``Backend: ... | devices: ... | preset: ...``: print it at the top of every notebook."""
+    from tutorial_utils import te
+
+    platform_name, count, kinds = _devices_summary()
+    simulated = " (simulated host devices)" if platform_name == "cpu" and count > 1 else ""
+    line = f"Backend: {te.backend_name()} | devices: {count} x {platform_name} [{kinds}]{simulated}"
+    if workload is not None:
+        line += f" | cp: {workload.cp_size} | preset: {workload.name}"
+        if workload.cp_size == 1:
+            line += ("\nOnly one device, so CP size 1: every CP call below runs without context parallelism "
+                     "(still correct). To see CP on this machine, run on simulated CPU devices with TE-on-CPU: "
+                     "CUDA_VISIBLE_DEVICES= XLA_FLAGS=--xla_force_host_platform_device_count=4.")
+    return line
+
+
+def _pkg_version(name: str):
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - absent package
+        return None
+
+
+def _first_version(*names):
+    """Version of the first installed package among ``names`` (cu13 and cu12 wheels differ in name)."""
+    for name in names:
+        ver = _pkg_version(name)
+        if ver:
+            return f"{ver} ({name})"
+    return None
+
+
+def environment_record() -> dict:
+    """Hardware and software facts to store with every benchmark record."""
+    import jax
+
+    from tutorial_utils import te
+
+    platform_name, count, kinds = _devices_summary()
+    rec = {
+        "backend": te.backend_name(),
+        "backend_kind": te.backend_kind(),
+        "platform": platform_name,
+        "device_count": count,
+        "device_kind": kinds,
+        "simulated_devices": platform_name == "cpu" and count > 1,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": _pkg_version("jaxlib"),
+        "transformer_engine": _pkg_version("transformer-engine") or _pkg_version("transformer_engine"),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    if platform_name == "gpu":
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+            rec["gpu"] = out.stdout.strip()
+        rec["cuda"] = _first_version("nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12")
+        rec["cudnn"] = _first_version("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
+        rec["cudnn_frontend"] = _pkg_version("nvidia-cudnn-frontend")
+    return rec

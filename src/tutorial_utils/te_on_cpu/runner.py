@@ -1,0 +1,129 @@
+"""Run an unmodified TE script on CPU: ``python -m tutorial_utils.te_on_cpu script.py``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+
+
+from tutorial_utils.te_on_cpu.extension import BACKEND_DESCRIPTION
+
+# ----------------------------------------------------------------------------- the runner for unmodified scripts
+
+#: Frameworks a script may try to import that the runner cannot stand in for (TE's JAX API only).
+OTHER_FRAMEWORKS = ("torch", "tensorflow", "paddle", "transformer_engine.pytorch", "transformer_engine.paddle")
+
+
+class _OtherFrameworkError(ModuleNotFoundError):
+    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still fall back)."""
+
+
+def _probing() -> bool:
+    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not by an import.
+
+    Libraries probe for optional frameworks that way (etils, behind JAX's persistent compilation
+    cache, asks for TensorFlow); a probe must read "not installed", not fail.
+    """
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "find_spec" and "importlib" in code.co_filename and "util" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _RefuseOtherFrameworks:
+    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming the fix."""
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS) and not _probing():
+            raise _OtherFrameworkError(
+                f"`import {name}`: `python -m tutorial_utils.te_on_cpu` runs scripts written against TE's JAX API "
+                "(transformer_engine.jax) on CPU; it cannot run PyTorch, TensorFlow or Paddle code. Port the script to "
+                "transformer_engine.jax, or run it on a GPU node with the real framework.", name=name)
+        return None
+
+
+_CHILD_MARK = "TUTORIAL_TE_ON_CPU_RUNNER"
+
+
+def _parse_runner_args(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_utils.te_on_cpu",
+        description="Run an unmodified script written against TransformerEngine's JAX API on CPU: TE's own Python, "
+                    "a reference kernel in place of cuDNN, N simulated devices.")
+    parser.add_argument("--devices", type=int, default=4, metavar="N",
+                        help="simulated CPU devices (default 4, the published CP tutorial's cp_size)")
+    parser.add_argument("script", help="the Python script to run as __main__")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    ns = parser.parse_args(argv)
+    if ns.devices < 1:
+        parser.error(f"--devices={ns.devices} must be >= 1 (the number of simulated CPU devices)")
+    if not os.path.isfile(ns.script):
+        parser.error(f"script {ns.script!r} does not exist (give the path of a .py file)")
+    return ns
+
+
+def simulate_cpu_devices(n: int) -> None:
+    """Make JAX start a CPU backend with ``n`` devices; call before the first JAX computation.
+
+    Why both the environment and the config: a process JAX has not imported yet reads
+    ``XLA_FLAGS``/``JAX_PLATFORMS`` (and passes them to processes it starts); one that has
+    imported it (this package imports JAX) reads the config.
+    """
+    import jax
+
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def main(argv=None) -> int:
+    """``python -m tutorial_utils.te_on_cpu [--devices N] script.py [args...]``.
+
+    Sets the CPU platform and device count before JAX starts a backend, installs the stand-in,
+    prints one banner line, then runs the script with ``runpy`` as ``__main__``. The script's
+    exit status is the runner's.
+    """
+    import runpy
+
+    ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
+    simulate_cpu_devices(ns.devices)
+    # the importable module, not this __main__ copy, so that its state is the one everybody sees
+    runtime = importlib.import_module("tutorial_utils.te_on_cpu")
+    te_jax = runtime.install()
+    version = getattr(importlib.import_module("transformer_engine"), "__version__", "?")
+    sys.meta_path.insert(0, _RefuseOtherFrameworks())
+    if not os.environ.get(_CHILD_MARK):  # processes a script starts with the same command line stay quiet
+        print(f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on "
+              f"{ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are not GPU numbers",
+              flush=True)
+    os.environ[_CHILD_MARK] = "1"
+    del te_jax
+    sys.argv = [ns.script, *ns.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+    try:
+        runpy.run_path(ns.script, run_name="__main__")
+    except _OtherFrameworkError as err:
+        print(f"te_on_cpu: error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as done:
+        code = done.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
