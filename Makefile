@@ -4,10 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv venv312 test test-fast test-ledger test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry gpu-rehearse gpu-run clean
+.PHONY: help venv venv312 lint test test-fast test-ledger test-py312 docs docs-clean serve lab bench-cpu bench-kernel support-matrix plan gpu-setup gpu-check gpu-bundle gpu-carry gpu-rehearse gpu-run clean
 
 help:
 	@echo "make docs      - create .venv, install, execute every notebook, build _build/html"
+	@echo "make lint      - ruff check and format --check (code at 100 columns, examples and chapters at 88)"
 	@echo "make test      - create .venv if needed and run the whole test suite (includes the site build)"
 	@echo "make test-fast - unit tests only (no site build, no browser)"
 	@echo "make test-ledger - make test, recording every Python process's CPU and XLA compiles; prints where it went"
@@ -49,7 +50,13 @@ RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 # later process reads it. PYTHONDONTWRITEBYTECODE, which CI sets, would make each of a run's ~130
 # processes compile what the install did not cover again, so these targets clear it.
 PYC = PYTHONDONTWRITEBYTECODE=
-test: $(STAMP)
+# ruff on the code (100 columns) and on what pages show (88: examples/, the chapters' cells)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) devtools/lint_notebooks.py
+
+test: $(STAMP) lint
 	bash tests/setup_machine.sh
 	$(PYC) $(RUN_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 

@@ -5,7 +5,8 @@ narrative pages live in ``docs/`` and the chapters are the jupytext MyST noteboo
 ``notebooks/``. ``make docs`` runs ``python -m sphinx -b html -W --keep-going . _build/html``.
 
 Notebooks are executed by myst-nb in ``cache`` mode: jupyter-cache (in
-``_build/.jupyter_cache-<preset>-<backend>-<cpu|gpu>``) re-runs a notebook only when its code cells change, so a clean
+``_build/.jupyter_cache-<preset>-<backend>-<cpu|gpu>``) re-runs a notebook only when its code cells
+change, so a clean
 build executes every chapter and an unchanged rebuild re-executes nothing.
 """
 
@@ -39,7 +40,9 @@ if not gpu_present():
     # optimisation level: at the chapters' sizes compiling is most of a page's time (chapter 7
     # builds in about 70% of the time at level 0), and the attention itself is the compiled
     # stand-in kernel, which XLA's level does not touch. Every record names the flags it ran with.
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
+    os.environ.setdefault(
+        "XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # -- Project -------------------------------------------------------------------------------------
@@ -86,10 +89,18 @@ myst_heading_anchors = 3
 nb_execution_mode = "cache"
 # One cache per (preset, backend, device count, CP size): switching any of them re-executes the
 # chapters instead of reusing outputs made with another workload, device count or machine.
-_DEVICES = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-_CACHE_KEY = "-".join((os.environ.get("CP_TUTORIAL_PRESET", "default"),
-                       os.environ.get("TUTORIAL_TE_BACKEND", "auto"), "gpu" if gpu_present() else "cpu",
-                       f"{_DEVICES.group(1) if _DEVICES else 'all'}dev", "cp" + os.environ.get("CP_TUTORIAL_CP", "auto")))
+_DEVICES = re.search(
+    r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+)
+_CACHE_KEY = "-".join(
+    (
+        os.environ.get("CP_TUTORIAL_PRESET", "default"),
+        os.environ.get("TUTORIAL_TE_BACKEND", "auto"),
+        "gpu" if gpu_present() else "cpu",
+        f"{_DEVICES.group(1) if _DEVICES else 'all'}dev",
+        "cp" + os.environ.get("CP_TUTORIAL_CP", "auto"),
+    )
+)
 # The test suite builds its own site elsewhere (CP_TUTORIAL_BUILD_DIR) so that it never
 # touches the reader's _build/ and its notebook cache.
 BUILD_DIR = Path(os.environ.get("CP_TUTORIAL_BUILD_DIR", ROOT / "_build"))
@@ -183,9 +194,14 @@ def _api_source(app, docname, source):
 
 
 def _run_status_box(app, docname, source):
-    """The generated "how this page ran / what ran where" box on the landing page and every chapter."""
-    source[0] = run_status.insert_box(docname, source[0], run_status.gpu_records(ROOT / "results"),
-                                      run_status.build_from_environment(gpu_present()))
+    """The generated "how this page ran / what ran where" box on the landing page and every
+    chapter."""
+    source[0] = run_status.insert_box(
+        docname,
+        source[0],
+        run_status.gpu_records(ROOT / "results"),
+        run_status.build_from_environment(gpu_present()),
+    )
 
 
 def _fingerprints() -> dict:
@@ -200,7 +216,10 @@ def _fingerprints() -> dict:
     )
     # The landing page and every chapter name the GPU records (the run-status box).
     gpu = [Path(r["_path"]).name for r in run_status.gpu_records(ROOT / "results")]
-    pages = {p.relative_to(ROOT).with_suffix("").as_posix(): gpu for p in (ROOT / "notebooks").glob("*.md")}
+    pages = {
+        p.relative_to(ROOT).with_suffix("").as_posix(): gpu
+        for p in (ROOT / "notebooks").glob("*.md")
+    }
     return {"docs/api": api_modules(), "docs/benchmarks": records, "index": gpu, **pages}
 
 
@@ -236,18 +255,24 @@ def _te_docstring(app, what, name, obj, options, lines):
     """Names the facade hands over to TransformerEngine are documented by TE, not here."""
     module = getattr(obj, "__module__", "") or ""
     if module.startswith("transformer_engine"):
-        lines[:] = [f"TransformerEngine's own ``{module}.{getattr(obj, '__qualname__', name)}``; see TE's "
-                    "documentation. (It is TE's code, here running with the backend named on each page.)"]
+        lines[:] = [
+            f"TransformerEngine's own ``{module}.{getattr(obj, '__qualname__', name)}``; see TE's "
+            "documentation. (It is TE's code, here running with the backend named on each page.)"
+        ]
 
 
-NOTEBOOK_LINK = ("<p class='notebook-download'><a href='{name}' download>Download this chapter as a Jupyter "
-                 "notebook (<code>{name}</code>)</a>, with the outputs shown here.</p>")
+NOTEBOOK_LINK = (
+    "<p class='notebook-download'><a href='{name}' download>Download this chapter as a Jupyter "
+    "notebook (<code>{name}</code>)</a>, with the outputs shown here.</p>"
+)
 
 
 def _notebook_link(app, pagename, templatename, context, doctree):
     """Each chapter page offers its executed notebook (copied next to it by _copy_notebooks)."""
     if pagename.startswith("notebooks/") and "body" in context:
-        context["body"] = NOTEBOOK_LINK.format(name=Path(pagename).name + ".ipynb") + context["body"]
+        context["body"] = (
+            NOTEBOOK_LINK.format(name=Path(pagename).name + ".ipynb") + context["body"]
+        )
 
 
 def _copy_notebooks(app, exception):

@@ -1,4 +1,5 @@
-"""CPU benchmark: the compiled stand-in kernel against the pure-JAX one, on ``bench-cpu``'s workload.
+"""CPU benchmark: the compiled stand-in kernel against the pure-JAX one, on ``bench-cpu``'s
+workload.
 
 Run with ``make bench-kernel`` (or ``python benchmarks/bench_cpu_kernel.py``). Not a test.
 
@@ -62,16 +63,16 @@ def main(argv=None) -> int:
     import numpy as np
 
     from tutorial_utils.inputs import fixed_slot_segments
-    from tutorial_utils.reference import MaskSpec, blockwise_attention, blockwise_backward
-    from tutorial_utils.te_on_cpu import kernel as cpu_kernel
     from tutorial_utils.perfmodel.records import write_record
     from tutorial_utils.perfmodel.timing import make_record, time_fn
+    from tutorial_utils.reference import MaskSpec, blockwise_attention, blockwise_backward
+    from tutorial_utils.te_on_cpu import kernel as cpu_kernel
 
     if not cpu_kernel.use_compiled():
         print(f"bench_cpu_kernel: {cpu_kernel.status()}", file=sys.stderr)
         return 1
     seq, hq, hkv, d, window = args.seq, args.q_heads, args.kv_heads, args.head_dim, args.window
-    scale = d ** -0.5
+    scale = d**-0.5
     ids_np, pos_np = fixed_slot_segments(1, seq, args.segments, seq // args.segments)
     lo_np, hi_np = _ranges(ids_np, pos_np, window)
     pairs = int(np.maximum(hi_np - lo_np + 1, 0).sum())
@@ -87,23 +88,40 @@ def main(argv=None) -> int:
     def jax_segments(q, k, v, dout):
         spec = MaskSpec(padding=True, causal=True, window=(window, 0))
         out, lse = blockwise_attention(q, k, v, ids, ids, pos, pos, scale=scale, spec=spec)
-        return (out, *blockwise_backward(q, k, v, ids, ids, pos, pos, out, lse, dout, scale=scale, spec=spec)[:3])
+        return (
+            out,
+            *blockwise_backward(
+                q, k, v, ids, ids, pos, pos, out, lse, dout, scale=scale, spec=spec
+            )[:3],
+        )
 
     def jax_bounds(q, k, v, dout):
         spec = MaskSpec(bounds=True)
         out, lse = blockwise_attention(q, k, v, lo, rows, hi, rows, scale=scale, spec=spec)
-        return (out, *blockwise_backward(q, k, v, lo, rows, hi, rows, out, lse, dout, scale=scale, spec=spec)[:3])
+        return (
+            out,
+            *blockwise_backward(
+                q, k, v, lo, rows, hi, rows, out, lse, dout, scale=scale, spec=spec
+            )[:3],
+        )
 
     def compiled(q, k, v, dout):
         out, lse, _ = cpu_kernel.attention_fwd(q, k, v, lo, hi, None, scale=scale)
-        return (out, *cpu_kernel.attention_bwd(q, k, v, lo, hi, out, lse, dout, None, scale=scale)[:3])
+        return (
+            out,
+            *cpu_kernel.attention_bwd(q, k, v, lo, hi, out, lse, dout, None, scale=scale)[:3],
+        )
 
     a = jax.random.normal(ks[0], (2048, 2048), jnp.float32)
     matmul = time_fn(jax.jit(lambda a: a @ a), a, warmup=args.warmup, iters=args.iters)
-    matmul_gflops = 2 * 2048 ** 3 / 1e9 / (matmul["median_ms"] / 1e3)
+    matmul_gflops = 2 * 2048**3 / 1e9 / (matmul["median_ms"] / 1e3)
 
     results, reference = [], None
-    for name, fn in (("jax-blockwise", jax_segments), ("jax-bounds", jax_bounds), ("compiled", compiled)):
+    for name, fn in (
+        ("jax-blockwise", jax_segments),
+        ("jax-bounds", jax_bounds),
+        ("compiled", compiled),
+    ):
         t0 = time.perf_counter()
         step = jax.jit(fn).lower(q, k, v, dout).compile()
         compile_s = time.perf_counter() - t0
@@ -112,36 +130,77 @@ def main(argv=None) -> int:
         reference = reference or got
         err = max(float(np.max(np.abs(x - y))) for x, y in zip(got, reference))
         rate = useful_gflop / (timing["median_ms"] / 1e3)
-        results.append({"strategy": f"single-{name}", "variant": name, "stripe_size": None, "seq_len": seq,
-                        "median_ms": timing["median_ms"], "mean_ms": timing["mean_ms"], "std_ms": timing["std_ms"],
-                        "min_ms": timing["min_ms"], "compile_s": compile_s, "measurement": "measured",
-                        "extrapolated": False, "max_abs_err_vs_jax_blockwise": err, "useful_gflop_per_s": rate,
-                        "fraction_of_matmul_rate": rate / matmul_gflops})
+        results.append(
+            {
+                "strategy": f"single-{name}",
+                "variant": name,
+                "stripe_size": None,
+                "seq_len": seq,
+                "median_ms": timing["median_ms"],
+                "mean_ms": timing["mean_ms"],
+                "std_ms": timing["std_ms"],
+                "min_ms": timing["min_ms"],
+                "compile_s": compile_s,
+                "measurement": "measured",
+                "extrapolated": False,
+                "max_abs_err_vs_jax_blockwise": err,
+                "useful_gflop_per_s": rate,
+                "fraction_of_matmul_rate": rate / matmul_gflops,
+            }
+        )
 
     base = results[0]["median_ms"]
-    print(f"Stand-in kernel on CPU: batch 1, S={seq} ({args.segments} segments), {hq} q / {hkv} kv heads, d={d}, "
-          f"window ({window}, 0), float32, forward+backward; {pairs:,} visible pairs ({useful_gflop:.1f} GFLOP of "
-          f"useful work); median of {args.iters} after {args.warmup} warm-up; compile excluded. This machine's "
-          f"2048^2 float32 matmul: {matmul_gflops:.0f} GFLOP/s.\n")
-    print("| variant | compile s | median ms | speed-up vs jax-blockwise | useful GFLOP/s | of matmul rate | "
-          "max abs diff |")
+    print(
+        f"Stand-in kernel on CPU: batch 1, S={seq} ({args.segments} segments), {hq} q / {hkv} kv"
+        f" heads, d={d}, window ({window}, 0), float32, forward+backward; {pairs:,} visible pairs"
+        f" ({useful_gflop:.1f} GFLOP of useful work); median of {args.iters} after"
+        f" {args.warmup} warm-up; compile excluded. This machine's 2048^2 float32 matmul:"
+        f" {matmul_gflops:.0f} GFLOP/s.\n"
+    )
+    print(
+        "| variant | compile s | median ms | speed-up vs jax-blockwise | useful GFLOP/s | of matmul"
+        " rate | max abs diff |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['variant']} | {r['compile_s']:.2f} | {r['median_ms']:.0f} | {base / r['median_ms']:.1f}x | "
-              f"{r['useful_gflop_per_s']:.1f} | {100 * r['fraction_of_matmul_rate']:.0f}% | "
-              f"{r['max_abs_err_vs_jax_blockwise']:.1e} |")
+        print(
+            f"| {r['variant']} | {r['compile_s']:.2f} | {r['median_ms']:.0f} |"
+            f" {base / r['median_ms']:.1f}x | {r['useful_gflop_per_s']:.1f} |"
+            f" {100 * r['fraction_of_matmul_rate']:.0f}% |"
+            f" {r['max_abs_err_vs_jax_blockwise']:.1e} |"
+        )
     if args.no_record:
         return 0
-    config = {"batch": 1, "seq_len": seq, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d, "dtype": "float32",
-              "cp_size": 1, "window": [window, 0], "segments_per_row": args.segments, "pass": "forward+backward",
-              "visible_pairs": pairs, "useful_gflop": useful_gflop, "matmul_2048_gflop_per_s": matmul_gflops,
-              "matmul_2048_median_ms": matmul["median_ms"],
-              "kernel_threads": os.environ.get("TUTORIAL_CPU_KERNEL_THREADS", "all cores")}
-    rec = make_record(label="CPU stand-in kernel: compiled (C++ custom call) vs pure JAX", source="cpu-reference",
-                      config=config, results=results, warmup=args.warmup, iters=args.iters,
-                      notes="Single device, no CP, one process. Useful work counts 7 matrix products (2 forward, 5 "
-                            "backward) over the visible (query, key) pairs only; the fraction is of this machine's "
-                            "2048^2 float32 matmul rate, measured in the same run.")
+    config = {
+        "batch": 1,
+        "seq_len": seq,
+        "num_q_heads": hq,
+        "num_kv_heads": hkv,
+        "head_dim": d,
+        "dtype": "float32",
+        "cp_size": 1,
+        "window": [window, 0],
+        "segments_per_row": args.segments,
+        "pass": "forward+backward",
+        "visible_pairs": pairs,
+        "useful_gflop": useful_gflop,
+        "matmul_2048_gflop_per_s": matmul_gflops,
+        "matmul_2048_median_ms": matmul["median_ms"],
+        "kernel_threads": os.environ.get("TUTORIAL_CPU_KERNEL_THREADS", "all cores"),
+    }
+    rec = make_record(
+        label="CPU stand-in kernel: compiled (C++ custom call) vs pure JAX",
+        source="cpu-reference",
+        config=config,
+        results=results,
+        warmup=args.warmup,
+        iters=args.iters,
+        notes=(
+            "Single device, no CP, one process. Useful work counts 7 matrix products (2 forward, 5 "
+            "backward) over the visible (query, key) pairs only; the fraction is of this machine's "
+            "2048^2 float32 matmul rate, measured in the same run."
+        ),
+    )
     path = write_record(rec, directory=args.results_dir, name="cpu-kernel-compiled-vs-jax")
     print(f"\nrecord written to {os.path.relpath(path, ROOT)}")
     return 0

@@ -38,12 +38,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-GIB = 1024 ** 3
+GIB = 1024**3
 RESULT_TAG = "BENCH_RESULT "
 VARIANTS = ("blockwise", "dense", "oracle")
 
 
-# ----------------------------------------------------------------------------- worker (one variant, one process)
+# ----------------------------------------------------------------------------- worker (one variant,
 
 
 def _rss_bytes() -> int:
@@ -55,13 +55,18 @@ def _worker(args) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from tutorial_utils.perfmodel.timing import time_fn
     from tutorial_utils.inputs import fixed_slot_segments
-    from tutorial_utils.reference import MaskSpec, block_needed, blockwise_attention, dense_attention
+    from tutorial_utils.perfmodel.timing import time_fn
+    from tutorial_utils.reference import (
+        MaskSpec,
+        block_needed,
+        blockwise_attention,
+        dense_attention,
+    )
 
     seq, hq, hkv, d = args.seq, args.q_heads, args.kv_heads, args.head_dim
     window = (args.window, 0)
-    scale = d ** -0.5
+    scale = d**-0.5
     spec = MaskSpec(padding=True, causal=True, window=window)
     ids_np, pos_np = fixed_slot_segments(1, seq, args.segments, seq // args.segments)
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
@@ -73,22 +78,46 @@ def _worker(args) -> dict:
     jax.block_until_ready((q, k, v, dout, ids, pos))
 
     if args.variant == "blockwise":
+
         def attn(q, k, v, ids, pos):
-            return blockwise_attention(q, k, v, ids, ids, pos, pos, scale=scale, spec=spec,
-                                       block_q=args.block, block_kv=args.block)[0]
+            return blockwise_attention(
+                q,
+                k,
+                v,
+                ids,
+                ids,
+                pos,
+                pos,
+                scale=scale,
+                spec=spec,
+                block_q=args.block,
+                block_kv=args.block,
+            )[0]
+
     elif args.variant == "dense":
+
         def attn(q, k, v, ids, pos):
             return dense_attention(q, k, v, ids, ids, pos, pos, scale=scale, spec=spec)[0]
+
     else:
+
         def attn(q, k, v, ids, pos):
             pq, pk = pos[:, :, None], pos[:, None, :]
-            mask = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] != 0) & (pk <= pq) & (pk >= pq - window[0])
-            return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="xla")
+            mask = (
+                (ids[:, :, None] == ids[:, None, :])
+                & (ids[:, :, None] != 0)
+                & (pk <= pq)
+                & (pk >= pq - window[0])
+            )
+            return jax.nn.dot_product_attention(
+                q, k, v, mask=mask[:, None], scale=scale, implementation="xla"
+            )
 
     def step(q, k, v, ids, pos, dout):
         def loss(q, k, v):
             out = attn(q, k, v, ids, pos)
             return jnp.sum(out * dout), out
+
         (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
         return out, grads
 
@@ -100,7 +129,12 @@ def _worker(args) -> dict:
     mem = {}
     try:
         ma = compiled.memory_analysis()
-        for key in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "generated_code_size_in_bytes"):
+        for key in (
+            "temp_size_in_bytes",
+            "argument_size_in_bytes",
+            "output_size_in_bytes",
+            "generated_code_size_in_bytes",
+        ):
             mem[key] = int(getattr(ma, key))
     except Exception as err:  # noqa: BLE001 - backend-dependent
         mem["error"] = repr(err)
@@ -112,7 +146,9 @@ def _worker(args) -> dict:
     result["peak_rss_growth_bytes"] = _rss_bytes() - base_rss
     out, (dq, dk, dv) = compiled(*call_args)
     if args.save:
-        np.savez(args.save, out=np.asarray(out), dq=np.asarray(dq), dk=np.asarray(dk), dv=np.asarray(dv))
+        np.savez(
+            args.save, out=np.asarray(out), dq=np.asarray(dq), dk=np.asarray(dk), dv=np.asarray(dv)
+        )
     if args.variant == "blockwise":
         nb = -(-seq // args.block)
         need = np.asarray(block_needed(ids, ids, pos, pos, spec, args.block, args.block))
@@ -135,10 +171,30 @@ def _mem_available_bytes():
 
 
 def _run_worker(args, variant, seq, analyze_only=False, save=None):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--seq", str(seq),
-           "--segments", str(args.segments), "--q-heads", str(args.q_heads), "--kv-heads", str(args.kv_heads),
-           "--head-dim", str(args.head_dim), "--window", str(args.window), "--block", str(args.block),
-           "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--seq",
+        str(seq),
+        "--segments",
+        str(args.segments),
+        "--q-heads",
+        str(args.q_heads),
+        "--kv-heads",
+        str(args.kv_heads),
+        "--head-dim",
+        str(args.head_dim),
+        "--window",
+        str(args.window),
+        "--block",
+        str(args.block),
+        "--warmup",
+        str(args.warmup),
+        "--iters",
+        str(args.iters),
+    ]
     if analyze_only:
         cmd.append("--analyze-only")
     if save:
@@ -149,18 +205,27 @@ def _run_worker(args, variant, seq, analyze_only=False, save=None):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
+            return json.loads(line[len(RESULT_TAG) :])
     tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-    return {"variant": variant, "seq_len": seq, "error": f"worker exited with {proc.returncode}: {tail}"}
+    return {
+        "variant": variant,
+        "seq_len": seq,
+        "error": f"worker exited with {proc.returncode}: {tail}",
+    }
 
 
 def _xla_total(res):
     x = res.get("xla", {})
-    return sum(x.get(key, 0) for key in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"))
+    return sum(
+        x.get(key, 0)
+        for key in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes")
+    )
 
 
 def _fmt_bytes(n):
-    return "n/a" if n is None else (f"{n / GIB:.2f} GiB" if n >= GIB / 4 else f"{n / 1024 ** 2:.0f} MiB")
+    return (
+        "n/a" if n is None else (f"{n / GIB:.2f} GiB" if n >= GIB / 4 else f"{n / 1024**2:.0f} MiB")
+    )
 
 
 def add_workload_arguments(p):
@@ -176,7 +241,9 @@ def add_workload_arguments(p):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(p)
-    p.add_argument("--block", type=int, default=128, help="block_q = block_kv of the blockwise variant")
+    p.add_argument(
+        "--block", type=int, default=128, help="block_q = block_kv of the blockwise variant"
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--fallback-seq", type=int, default=8192)
@@ -195,28 +262,44 @@ def main(argv=None) -> int:
 
     avail = _mem_available_bytes()
     limit = args.limit_gib * GIB if avail is None else min(args.limit_gib * GIB, 0.6 * avail)
-    scratch = tempfile.TemporaryDirectory(prefix="bench-ref-")  # the workers' outputs; removed at exit
+    scratch = tempfile.TemporaryDirectory(
+        prefix="bench-ref-"
+    )  # the workers' outputs; removed at exit
     tmp = scratch.name
     rows = []  # dicts with the measured / extrapolated figures
     full = args.seq
     for variant in VARIANTS:
         est = _run_worker(args, variant, full, analyze_only=True)
         fits = "error" not in est and _xla_total(est) <= limit
-        print(f"[{variant}] XLA estimate at S={full}: {_fmt_bytes(_xla_total(est))} "
-              f"({'runs' if fits else 'too big: extrapolating from S=%d' % args.fallback_seq})", file=sys.stderr)
+        print(
+            f"[{variant}] XLA estimate at S={full}: {_fmt_bytes(_xla_total(est))} "
+            f"({'runs' if fits else f'too big: extrapolating from S={args.fallback_seq}'})",
+            file=sys.stderr,
+        )
         if fits:
             res = _run_worker(args, variant, full, save=os.path.join(tmp, f"{variant}-{full}.npz"))
             res["extrapolated"] = False
             rows.append(res)
         else:
-            res = _run_worker(args, variant, args.fallback_seq, save=os.path.join(tmp, f"{variant}-{args.fallback_seq}.npz"))
+            res = _run_worker(
+                args,
+                variant,
+                args.fallback_seq,
+                save=os.path.join(tmp, f"{variant}-{args.fallback_seq}.npz"),
+            )
             res["extrapolated_from"] = dict(res)
             res["extrapolated"] = True
             res["xla_estimate_full"] = est.get("xla")
             rows.append(res)
         if args.fallback_seq != full and variant == "blockwise":
-            # like-for-like point at the fallback length, to compare against the measured dense/oracle there
-            small = _run_worker(args, variant, args.fallback_seq, save=os.path.join(tmp, f"{variant}-{args.fallback_seq}.npz"))
+            # like-for-like point at the fallback length, to compare against the measured
+            # dense/oracle there
+            small = _run_worker(
+                args,
+                variant,
+                args.fallback_seq,
+                save=os.path.join(tmp, f"{variant}-{args.fallback_seq}.npz"),
+            )
             small["extrapolated"] = False
             rows.append(small)
         if any(r.get("error") for r in rows):
@@ -237,21 +320,43 @@ def main(argv=None) -> int:
         if r.get("error"):
             table.append({"variant": r["variant"], "seq_len": r["seq_len"], "error": r["error"]})
             continue
-        base = {"variant": r["variant"], "seq_len": r["seq_len"], "median_ms": r["timing"]["median_ms"],
-                "mean_ms": r["timing"]["mean_ms"], "std_ms": r["timing"]["std_ms"], "min_ms": r["timing"]["min_ms"],
-                "compile_s": r["compile_s"], "rss_growth": r["peak_rss_growth_bytes"],
-                "xla_temp": r["xla"].get("temp_size_in_bytes"), "xla_total": _xla_total(r),
-                "max_abs_err_vs_blockwise": err_vs_blockwise(r["variant"], r["seq_len"]), "how": "measured",
-                "blocks": r.get("blocks")}
+        base = {
+            "variant": r["variant"],
+            "seq_len": r["seq_len"],
+            "median_ms": r["timing"]["median_ms"],
+            "mean_ms": r["timing"]["mean_ms"],
+            "std_ms": r["timing"]["std_ms"],
+            "min_ms": r["timing"]["min_ms"],
+            "compile_s": r["compile_s"],
+            "rss_growth": r["peak_rss_growth_bytes"],
+            "xla_temp": r["xla"].get("temp_size_in_bytes"),
+            "xla_total": _xla_total(r),
+            "max_abs_err_vs_blockwise": err_vs_blockwise(r["variant"], r["seq_len"]),
+            "how": "measured",
+            "blocks": r.get("blocks"),
+        }
         table.append(base)
         if r.get("extrapolated"):
             f = (full / r["seq_len"]) ** 2
-            table.append({**base, "seq_len": full, "median_ms": base["median_ms"] * f, "mean_ms": base["mean_ms"] * f,
-                          "std_ms": None, "min_ms": base["min_ms"] * f, "compile_s": None,
-                          "rss_growth": base["rss_growth"] * f,
-                          "xla_temp": (r.get("xla_estimate_full") or {}).get("temp_size_in_bytes"),
-                          "xla_total": base["xla_total"] * f, "max_abs_err_vs_blockwise": None,
-                          "how": f"extrapolated (x{f:g} from S={r['seq_len']}; XLA temp is the compile-time estimate at S={full})"})
+            table.append(
+                {
+                    **base,
+                    "seq_len": full,
+                    "median_ms": base["median_ms"] * f,
+                    "mean_ms": base["mean_ms"] * f,
+                    "std_ms": None,
+                    "min_ms": base["min_ms"] * f,
+                    "compile_s": None,
+                    "rss_growth": base["rss_growth"] * f,
+                    "xla_temp": (r.get("xla_estimate_full") or {}).get("temp_size_in_bytes"),
+                    "xla_total": base["xla_total"] * f,
+                    "max_abs_err_vs_blockwise": None,
+                    "how": (
+                        f"extrapolated (x{f:g} from S={r['seq_len']}; XLA temp is the compile-time"
+                        f" estimate at S={full})"
+                    ),
+                }
+            )
 
     def pick(variant, seq):
         for t in table:
@@ -260,57 +365,91 @@ def main(argv=None) -> int:
         return None
 
     print()
-    print(f"Reference attention on CPU: batch 1, S={full} ({args.segments} segments), {args.q_heads} q / "
-          f"{args.kv_heads} kv heads, d={args.head_dim}, window ({args.window}, 0), float32, forward+backward; "
-          f"median of {args.iters} after {args.warmup} warm-up; compile excluded.")
+    print(
+        f"Reference attention on CPU: batch 1, S={full} ({args.segments} segments),"
+        f" {args.q_heads} q / {args.kv_heads} kv heads, d={args.head_dim}, window ({args.window},"
+        f" 0), float32, forward+backward; median of {args.iters} after {args.warmup} warm-up;"
+        " compile excluded."
+    )
     print()
-    print("| variant | S | how | median ms | speed-up of blockwise | XLA temp | peak RSS growth | memory ratio (RSS) | max abs err vs blockwise |")
+    print(
+        "| variant | S | how | median ms | speed-up of blockwise | XLA temp | peak RSS growth |"
+        " memory ratio (RSS) | max abs err vs blockwise |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for t in table:
         if "error" in t:
             print(f"| {t['variant']} | {t['seq_len']} | failed | | | | | | |")
             continue
         bw = pick("blockwise", t["seq_len"])
-        speed = f"{t['median_ms'] / bw['median_ms']:.1f}x" if bw and t["variant"] != "blockwise" else ""
-        memr = f"{t['rss_growth'] / bw['rss_growth']:.1f}x" if bw and t["variant"] != "blockwise" and bw["rss_growth"] > 0 else ""
-        err = "" if t["max_abs_err_vs_blockwise"] is None else f"{t['max_abs_err_vs_blockwise']:.2e}"
+        speed = (
+            f"{t['median_ms'] / bw['median_ms']:.1f}x" if bw and t["variant"] != "blockwise" else ""
+        )
+        memr = (
+            f"{t['rss_growth'] / bw['rss_growth']:.1f}x"
+            if bw and t["variant"] != "blockwise" and bw["rss_growth"] > 0
+            else ""
+        )
+        err = (
+            "" if t["max_abs_err_vs_blockwise"] is None else f"{t['max_abs_err_vs_blockwise']:.2e}"
+        )
         how = "measured" if t["how"] == "measured" else "**extrapolated** (quadratic)"
-        print(f"| {t['variant']} | {t['seq_len']} | {how} | {t['median_ms']:.0f} | {speed} | {_fmt_bytes(t['xla_temp'])} | "
-              f"{_fmt_bytes(t['rss_growth'])} | {memr} | {err} |")
+        print(
+            f"| {t['variant']} | {t['seq_len']} | {how} | {t['median_ms']:.0f} | {speed} |"
+            f" {_fmt_bytes(t['xla_temp'])} | {_fmt_bytes(t['rss_growth'])} | {memr} | {err} |"
+        )
     bw = pick("blockwise", full)
     if bw and bw.get("blocks"):
         b = bw["blocks"]
-        print(f"\nblockwise computed {b['needed']} of {b['total']} {b['block']}x{b['block']} blocks "
-              f"({100 * b['needed'] / b['total']:.1f}%).")
+        print(
+            f"\nblockwise computed {b['needed']} of {b['total']} {b['block']}x{b['block']} blocks "
+            f"({100 * b['needed'] / b['total']:.1f}%)."
+        )
     dense_full = pick("dense", full)
     verdict = {}
     if bw and dense_full:
-        verdict = {"speedup_vs_dense": dense_full["median_ms"] / bw["median_ms"],
-                   "memory_ratio_vs_dense_rss": dense_full["rss_growth"] / max(bw["rss_growth"], 1),
-                   "memory_ratio_vs_dense_xla_temp": (dense_full["xla_temp"] or 0) / max(bw["xla_temp"] or 1, 1),
-                   "dense_extrapolated": dense_full["how"] != "measured"}
+        verdict = {
+            "speedup_vs_dense": dense_full["median_ms"] / bw["median_ms"],
+            "memory_ratio_vs_dense_rss": dense_full["rss_growth"] / max(bw["rss_growth"], 1),
+            "memory_ratio_vs_dense_xla_temp": (
+                (dense_full["xla_temp"] or 0) / max(bw["xla_temp"] or 1, 1)
+            ),
+            "dense_extrapolated": dense_full["how"] != "measured",
+        }
         ok = verdict["speedup_vs_dense"] >= 10 and verdict["memory_ratio_vs_dense_rss"] >= 10
-        print(f"\ntarget (blockwise >= 10x faster and >= 10x less memory than dense at S={full}): "
-              f"{'met' if ok else 'NOT met'} - speed-up {verdict['speedup_vs_dense']:.1f}x, "
-              f"memory {verdict['memory_ratio_vs_dense_rss']:.1f}x (RSS), "
-              f"{verdict['memory_ratio_vs_dense_xla_temp']:.1f}x (XLA temp)"
-              f"{' [dense extrapolated]' if verdict['dense_extrapolated'] else ''}.")
+        print(
+            f"\ntarget (blockwise >= 10x faster and >= 10x less memory than dense at S={full}): "
+            f"{'met' if ok else 'NOT met'} - speed-up {verdict['speedup_vs_dense']:.1f}x, "
+            f"memory {verdict['memory_ratio_vs_dense_rss']:.1f}x (RSS), "
+            f"{verdict['memory_ratio_vs_dense_xla_temp']:.1f}x (XLA temp)"
+            f"{' [dense extrapolated]' if verdict['dense_extrapolated'] else ''}."
+        )
 
     if args.no_record:
         return 0
     sys.path.insert(0, os.path.join(ROOT, "src"))
-    from tutorial_utils.perfmodel.timing import make_record
     from tutorial_utils.perfmodel.records import write_record
+    from tutorial_utils.perfmodel.timing import make_record
 
     results = []
     for t in table:
         if "error" in t:
             continue
-        row = {"strategy": f"single-{t['variant']}", "variant": t["variant"], "stripe_size": None,
-               "seq_len": t["seq_len"], "mean_ms": t["mean_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
-               "measurement": t["how"], "extrapolated": t["how"] != "measured",
-               "peak_rss_growth_bytes": int(t["rss_growth"]), "xla_temp_bytes": t["xla_temp"],
-               "xla_total_bytes": int(t["xla_total"]) if t["xla_total"] else None, "compile_s": t["compile_s"]}
+        row = {
+            "strategy": f"single-{t['variant']}",
+            "variant": t["variant"],
+            "stripe_size": None,
+            "seq_len": t["seq_len"],
+            "mean_ms": t["mean_ms"],
+            "median_ms": t["median_ms"],
+            "min_ms": t["min_ms"],
+            "measurement": t["how"],
+            "extrapolated": t["how"] != "measured",
+            "peak_rss_growth_bytes": int(t["rss_growth"]),
+            "xla_temp_bytes": t["xla_temp"],
+            "xla_total_bytes": int(t["xla_total"]) if t["xla_total"] else None,
+            "compile_s": t["compile_s"],
+        }
         if t["std_ms"] is not None:
             row["std_ms"] = t["std_ms"]
         if t["max_abs_err_vs_blockwise"] is not None:
@@ -318,18 +457,37 @@ def main(argv=None) -> int:
         if t.get("blocks"):
             row["blocks"] = t["blocks"]
         results.append(row)
-    config = {"batch": 1, "seq_len": full, "num_q_heads": args.q_heads, "num_kv_heads": args.kv_heads,
-              "head_dim": args.head_dim, "dtype": "float32", "cp_size": 1, "window": [args.window, 0],
-              "segments_per_row": args.segments, "block_q": args.block, "block_kv": args.block,
-              "pass": "forward+backward", "fallback_seq_len": args.fallback_seq,
-              "memory_limit_bytes": int(limit)}
-    rec = make_record(label="reference CPU: blockwise vs dense vs jax.nn oracle", source="cpu-reference",
-                      config=config, results=results, warmup=args.warmup, iters=args.iters,
-                      notes="Single device, no CP. Rows marked extrapolated were run at fallback_seq_len and scaled "
-                            "quadratically in time and memory because XLA's compile-time estimate exceeded "
-                            "memory_limit_bytes. Memory: peak RSS growth over the post-import baseline (fresh process "
-                            "per variant; includes compilation) and XLA's memory analysis. "
-                            + (json.dumps(verdict) if verdict else ""))
+    config = {
+        "batch": 1,
+        "seq_len": full,
+        "num_q_heads": args.q_heads,
+        "num_kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "dtype": "float32",
+        "cp_size": 1,
+        "window": [args.window, 0],
+        "segments_per_row": args.segments,
+        "block_q": args.block,
+        "block_kv": args.block,
+        "pass": "forward+backward",
+        "fallback_seq_len": args.fallback_seq,
+        "memory_limit_bytes": int(limit),
+    }
+    rec = make_record(
+        label="reference CPU: blockwise vs dense vs jax.nn oracle",
+        source="cpu-reference",
+        config=config,
+        results=results,
+        warmup=args.warmup,
+        iters=args.iters,
+        notes=(
+            "Single device, no CP. Rows marked extrapolated were run at fallback_seq_len and scaled"
+            " quadratically in time and memory because XLA's compile-time estimate exceeded"
+            " memory_limit_bytes. Memory: peak RSS growth over the post-import baseline (fresh"
+            " process per variant; includes compilation) and XLA's memory analysis. "
+        )
+        + (json.dumps(verdict) if verdict else ""),
+    )
     path = write_record(rec, directory=args.results_dir, name="reference-cpu-blockwise-vs-dense")
     print(f"\nrecord written to {os.path.relpath(path, ROOT)}")
     return 0

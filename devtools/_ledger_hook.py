@@ -28,9 +28,18 @@ def _at_exit(started):
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    _write({"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[:10],
-            "cpu": usage.ru_utime + usage.ru_stime, "wall": time.time() - started, "end": time.time(),
-            "test": os.environ.get("PYTEST_CURRENT_TEST", "")[:200]})
+    _write(
+        {
+            "k": "proc",
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "argv": sys.argv[:10],
+            "cpu": usage.ru_utime + usage.ru_stime,
+            "wall": time.time() - started,
+            "end": time.time(),
+            "test": os.environ.get("PYTEST_CURRENT_TEST", "")[:200],
+        }
+    )
 
 
 def _timed(module, name, kind, key_arg=None):
@@ -42,7 +51,12 @@ def _timed(module, name, kind, key_arg=None):
     def wrapper(*args, **kwargs):
         wall, cpu = time.time(), time.process_time()
         result = original(*args, **kwargs)
-        record = {"k": kind, "pid": os.getpid(), "s": time.time() - wall, "cpu": time.process_time() - cpu}
+        record = {
+            "k": kind,
+            "pid": os.getpid(),
+            "s": time.time() - wall,
+            "cpu": time.process_time() - cpu,
+        }
         if key_arg is not None:
             record["key"] = args[key_arg] if len(args) > key_arg else kwargs.get("cache_key")
         if kind == "read":
@@ -68,7 +82,8 @@ def _patch(compiler):
 
 
 class _OnCompilerImport:
-    """Wraps ``jax._src.compiler`` right after it is first imported (JAX itself is never imported here)."""
+    """Wraps ``jax._src.compiler`` right after it is first imported (JAX itself is never imported
+    here)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "jax._src.compiler":

@@ -19,7 +19,8 @@ So :func:`enable` keys each partitioned op by a fingerprint of everything its ca
 callback functions by qualified name, TE's static arguments, the mesh, the pytree structure, TE's
 global mesh resource, the environment those callbacks read (TE's ``NVTE_*`` and the stand-in
 kernel's ``TUTORIAL_CPU_KERNEL*``), the stand-in's state, whether its compiled kernel loaded, and
-JAX's trace context. When any part of that fingerprint is not reproducible (it contains an address, or
+JAX's trace context. When any part of that fingerprint is not reproducible (it contains an address,
+or
 the callback is a closure), or the program has a host callback, the program is compiled and not
 cached. Entries are written to a temporary file and renamed, so a process never reads half of
 one another process is writing.
@@ -43,7 +44,6 @@ import tempfile
 from pathlib import Path
 
 
-
 def _jax_started() -> bool:
     """True once JAX has created its backends (flags added after that would not apply).
 
@@ -57,6 +57,7 @@ def _jax_started() -> bool:
         return bool(xla_bridge.backends_are_initialized())
     except Exception:  # noqa: BLE001 - private API moved: assume started
         return True
+
 
 #: The folder to cache compiled programs in; unset (the default) means no cache.
 ENV = "TUTORIAL_COMPILE_CACHE_DIR"
@@ -111,7 +112,10 @@ def _name(fn) -> str:
     if fn is None:
         return "None"
     if isinstance(fn, functools.partial):  # a module-level function with its bound arguments
-        return f"{_name(fn.func)}(*{_plain_repr(fn.args)}, **{_plain_repr(sorted(fn.keywords.items()))})"
+        return (
+            f"{_name(fn.func)}(*{_plain_repr(fn.args)},"
+            f" **{_plain_repr(sorted(fn.keywords.items()))})"
+        )
     qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
     if qualname is None or module is None or "<locals>" in qualname or "<lambda>" in qualname:
         raise _NotReproducible(f"callback {fn!r} is not a module-level function")
@@ -125,14 +129,20 @@ def _global_state() -> str:
     if te_sharding is not None:
         try:
             parts.append(repr(te_sharding.global_mesh_resource()))
-        except AssertionError:  # outside te.autocast: TE's partition callbacks would fail, so no entry is written
+        except (
+            AssertionError
+        ):  # outside te.autocast: TE's partition callbacks would fail, so no entry is written
             parts.append("no MeshResource set")
     te_on_cpu = sys.modules.get("tutorial_utils.te_on_cpu")
     if te_on_cpu is not None:
         parts.append(repr(sorted(te_on_cpu._state.items())))
-        if te_on_cpu._state["installed"]:  # which kernel its lowering emits: the compiled one, or why not
+        if te_on_cpu._state[
+            "installed"
+        ]:  # which kernel its lowering emits: the compiled one, or why not
             parts.append(te_on_cpu.kernel.status())
-    parts += [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_READ_BY_CALLBACKS)]
+    parts += [
+        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_READ_BY_CALLBACKS)
+    ]
     from jax._src import config as jax_config
 
     parts += [_plain_repr(item) for item in jax_config.trace_context()]
@@ -140,7 +150,8 @@ def _global_state() -> str:
 
 
 def _plain_repr(obj) -> str:
-    """``repr``, or for an object whose ``repr`` is its address, its slots' or attributes' values."""
+    """``repr``, or for an object whose ``repr`` is its address, its slots' or attributes'
+    values."""
     text = repr(obj)
     if " at 0x" not in text:
         return text
@@ -158,10 +169,18 @@ def _mesh_text(mesh) -> str:
 
 
 def _fingerprint(info, global_state: str) -> str:
-    text = "\n".join([
-        _name(info.partition), _name(info.infer_sharding_from_operands), _name(info.propagate_user_sharding),
-        repr(info.static_args), _mesh_text(info.mesh), repr(info.in_tree), repr(info.out_tree), global_state,
-    ])
+    text = "\n".join(
+        [
+            _name(info.partition),
+            _name(info.infer_sharding_from_operands),
+            _name(info.propagate_user_sharding),
+            repr(info.static_args),
+            _mesh_text(info.mesh),
+            repr(info.in_tree),
+            repr(info.out_tree),
+            global_state,
+        ]
+    )
     if " at 0x" in text:
         raise _NotReproducible("the fingerprint contains an object address")
     return hashlib.sha256(text.encode()).hexdigest()
@@ -183,7 +202,8 @@ def _custom_calls(operation):
 
 
 def _keyable(computation):
-    """The module to hash: partition pointers replaced by fingerprints; None if it must not be cached."""
+    """The module to hash: partition pointers replaced by fingerprints; None if it must not be
+    cached."""
     from jax._src import config as jax_config
     from jax._src import custom_partitioning
     from jax._src.lib.mlir import ir
@@ -221,8 +241,10 @@ def enable(path: str | os.PathLike) -> bool:
     Returns False (and changes nothing) where this JAX lacks the internals the safe key needs.
     """
     if not str(path) or Path(path).exists() and not Path(path).is_dir():
-        raise ValueError(f"path={str(path)!r} must name a folder (it is created if missing); "
-                         f"point {ENV} at a directory, or unset it to run without the cache.")
+        raise ValueError(
+            f"path={str(path)!r} must name a folder (it is created if missing); "
+            f"point {ENV} at a directory, or unset it to run without the cache."
+        )
     if _state["enabled"] is not None:
         return _state["enabled"]
     import jax
@@ -281,8 +303,13 @@ def _share_between_cpu_processes() -> None:
     from jax._src import cache_key
 
     original = getattr(cache_key, "_hash_accelerator_config", None)
-    if original is None or not hasattr(cache_key, "_hash_string") or hasattr(original, "__wrapped__"):
-        return  # another JAX (keep its keys: the ranks then compile for themselves), or done already
+    if (
+        original is None
+        or not hasattr(cache_key, "_hash_string")
+        or hasattr(original, "__wrapped__")
+    ):
+        # another JAX (keep its keys: the ranks then compile for themselves), or done already
+        return
 
     def accelerator_config(hash_obj, accelerators):
         devices = list(accelerators.flat)
@@ -291,7 +318,10 @@ def _share_between_cpu_processes() -> None:
         if len({d.process_index for d in devices}) == 1:
             # One process's CPU devices: JAX's topology fingerprint counts every CPU device the
             # process simulates, so the same program compiled with 1, 4 or 8 of them got three keys
-            cache_key._hash_string(hash_obj, f"cpu devices of process {devices[0].process_index} of {jax.process_count()}")
+            cache_key._hash_string(
+                hash_obj,
+                f"cpu devices of process {devices[0].process_index} of {jax.process_count()}",
+            )
         for d in devices:
             cache_key._hash_string(hash_obj, f"{d.device_kind} {d.id}")
         return None
@@ -302,7 +332,8 @@ def _share_between_cpu_processes() -> None:
 
 
 def add_run_flags() -> list:
-    """Append ``$TUTORIAL_RUN_XLA_FLAGS`` to ``XLA_FLAGS``, each flag not already named there; return those added.
+    """Append ``$TUTORIAL_RUN_XLA_FLAGS`` to ``XLA_FLAGS``, each flag not already named there;
+    return those added.
 
     Why: the test run compiles at XLA's lowest backend optimisation level (its arrays are tiny
     and compiling is most of its time), but most of its subprocesses build their own
@@ -314,8 +345,10 @@ def add_run_flags() -> list:
     extra = os.environ.get(FLAGS_ENV, "").split()
     bad = [f for f in extra if not f.startswith("--xla_")]
     if bad:
-        raise ValueError(f"{FLAGS_ENV}={os.environ[FLAGS_ENV]!r}: {bad[0]!r} is not an XLA flag; give flags such as "
-                         f"--xla_backend_optimization_level=0, separated by spaces, or unset {FLAGS_ENV}.")
+        raise ValueError(
+            f"{FLAGS_ENV}={os.environ[FLAGS_ENV]!r}: {bad[0]!r} is not an XLA flag; give flags such"
+            f" as --xla_backend_optimization_level=0, separated by spaces, or unset {FLAGS_ENV}."
+        )
     if not extra or _jax_started():
         return []
     flags = os.environ.get("XLA_FLAGS", "").split()
@@ -327,7 +360,8 @@ def add_run_flags() -> list:
 
 
 def enable_from_env() -> bool:
-    """The run's XLA flags (:func:`add_run_flags`), then :func:`enable` at ``$TUTORIAL_COMPILE_CACHE_DIR``.
+    """The run's XLA flags (:func:`add_run_flags`), then :func:`enable` at
+    ``$TUTORIAL_COMPILE_CACHE_DIR``.
 
     Returns whether the cache is on; False when that variable is unset.
     """

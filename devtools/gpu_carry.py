@@ -26,10 +26,9 @@ import resource
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from tutorial_utils.cli import gpu_setup as G
 
@@ -52,12 +51,19 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def working_tree_bytes(root: Path = Path(".")) -> Tuple[int, int]:
+def working_tree_bytes(root: Path = Path(".")) -> tuple[int, int]:
     """``(tracked, untracked)`` bytes of what travels with every call: ``git ls-files``, and the
     untracked files git does not ignore."""
+
     def total(*args) -> int:
-        out = subprocess.run(["git", "ls-files", "-z", *args], cwd=root, capture_output=True, text=True, check=True)
-        return sum(os.path.getsize(Path(root) / f) for f in out.stdout.split("\0") if f and (Path(root) / f).is_file())
+        out = subprocess.run(
+            ["git", "ls-files", "-z", *args], cwd=root, capture_output=True, text=True, check=True
+        )
+        return sum(
+            os.path.getsize(Path(root) / f)
+            for f in out.stdout.split("\0")
+            if f and (Path(root) / f).is_file()
+        )
 
     return total(), total("--others", "--exclude-standard")
 
@@ -65,8 +71,12 @@ def working_tree_bytes(root: Path = Path(".")) -> Tuple[int, int]:
 # ----------------------------------------------------------------------------- cutting
 
 
-def assign_pieces(small_bytes: int, large: Sequence[Tuple[str, int]], tree_bytes: int,
-                  call_bytes: int = CALL_BYTES) -> List[List[Tuple[str, int, int]]]:
+def assign_pieces(
+    small_bytes: int,
+    large: Sequence[tuple[str, int]],
+    tree_bytes: int,
+    call_bytes: int = CALL_BYTES,
+) -> list[list[tuple[str, int, int]]]:
     """Fill calls with the bytes of the ``large`` files, in order, after the small files.
 
     Call 1 carries the small files (``small_bytes``) and the first piece; each later call one
@@ -85,9 +95,11 @@ def assign_pieces(small_bytes: int, large: Sequence[Tuple[str, int]], tree_bytes
     budget = call_bytes - tree_bytes - MARGIN_BYTES * call_bytes // CALL_BYTES
     first = budget - small_bytes - 32 * 1024  # carry.json travels too
     if first < budget // 8:
-        raise SystemExit(f"the small files ({small_bytes} bytes) and the working tree ({tree_bytes} bytes) leave too "
-                         f"little room in a {call_bytes}-byte call.")
-    calls: List[List[Tuple[str, int, int]]] = [[]]
+        raise SystemExit(
+            f"the small files ({small_bytes} bytes) and the working tree ({tree_bytes} bytes) leave"
+            f" too little room in a {call_bytes}-byte call."
+        )
+    calls: list[list[tuple[str, int, int]]] = [[]]
     room = first
     for name, size in large:
         offset = 0
@@ -108,8 +120,13 @@ def cut(directory: Path, tree_bytes: int, call_bytes: int = CALL_BYTES) -> dict:
     directory = Path(directory)
     manifest = G._manifest(directory)
     large = [e for e in manifest["files"] if e["name"].startswith((G.CORE + "/", G.EXTRA + "/"))]
-    large.sort(key=lambda e: e["use"] == "library")  # the core wheel first, a library the node may have last
-    small = sum(e["bytes"] for e in manifest["files"] if e not in large) + (directory / G.MANIFEST).stat().st_size
+    large.sort(
+        key=lambda e: e["use"] == "library"
+    )  # the core wheel first, a library the node may have last
+    small = (
+        sum(e["bytes"] for e in manifest["files"] if e not in large)
+        + (directory / G.MANIFEST).stat().st_size
+    )
     calls = assign_pieces(small, [(e["name"], e["bytes"]) for e in large], tree_bytes, call_bytes)
     pieces, counters = [], {}
     for call, items in enumerate(calls, start=1):
@@ -122,12 +139,24 @@ def cut(directory: Path, tree_bytes: int, call_bytes: int = CALL_BYTES) -> dict:
                 f.seek(offset)
                 data = f.read(length)
             part.write_bytes(data)
-            pieces.append({"file": name, "name": part.relative_to(directory).as_posix(), "bytes": length,
-                           "sha256": _sha256_bytes(data), "call": call,
-                           "library": next(e["library"] for e in large if e["name"] == name)})
+            pieces.append(
+                {
+                    "file": name,
+                    "name": part.relative_to(directory).as_posix(),
+                    "bytes": length,
+                    "sha256": _sha256_bytes(data),
+                    "call": call,
+                    "library": next(e["library"] for e in large if e["name"] == name),
+                }
+            )
     for entry in large:
         (directory / entry["name"]).unlink()
-    carry = {"schema": "gpu-carry/1", "call_bytes": call_bytes, "tree_bytes_when_cut": tree_bytes, "pieces": pieces}
+    carry = {
+        "schema": "gpu-carry/1",
+        "call_bytes": call_bytes,
+        "tree_bytes_when_cut": tree_bytes,
+        "pieces": pieces,
+    }
     (directory / CARRY).write_text(json.dumps(carry, indent=2))
     return carry
 
@@ -135,14 +164,19 @@ def cut(directory: Path, tree_bytes: int, call_bytes: int = CALL_BYTES) -> dict:
 def _carry(directory: Path) -> dict:
     path = Path(directory) / CARRY
     if not path.is_file():
-        raise SystemExit(f"{path} not found: cut the bundle first (python devtools/gpu_carry.py cut {directory}).")
+        raise SystemExit(
+            f"{path} not found: cut the bundle first (python devtools/gpu_carry.py cut"
+            f" {directory})."
+        )
     return json.loads(path.read_text())
 
 
 # ----------------------------------------------------------------------------- the plan
 
 
-def _needed_libraries(carry: dict, env: Optional[Dict[str, str]] = None, purelib: Optional[Path] = None) -> List[str]:
+def _needed_libraries(
+    carry: dict, env: dict[str, str] | None = None, purelib: Path | None = None
+) -> list[str]:
     """The carried libraries that TE's loader would not find on this machine (or in ``purelib``)."""
     names = sorted({p["library"] for p in carry["pieces"] if p["library"]})
     return [name for name in names if G.te_library(name, env=env, purelib=purelib) is None]
@@ -154,7 +188,7 @@ def last_call(carry: dict, libraries: Sequence[str]) -> int:
     return max(p["call"] for p in carry["pieces"] if not p["library"] or p["library"] in libraries)
 
 
-def call_steps(call: int, last: int) -> Tuple[str, ...]:
+def call_steps(call: int, last: int) -> tuple[str, ...]:
     """The run's steps in call ``call`` (1-based) when call ``last`` installs and runs."""
     if not 1 <= call <= last:
         raise SystemExit(f"--call {call}: this node's run is carried in calls 1 to {last}.")
@@ -171,8 +205,9 @@ def transfer_seconds(nbytes: int) -> float:
     return TRANSFER_FIXED_S + nbytes / TRANSFER_BYTES_PER_S
 
 
-def carry_plan(bundle_dir: Path, tree_bytes: int, out: str = "$OUT/results", libraries: Sequence[str] = ()
-               ) -> List[dict]:
+def carry_plan(
+    bundle_dir: Path, tree_bytes: int, out: str = "$OUT/results", libraries: Sequence[str] = ()
+) -> list[dict]:
     """The calls that carry ``bundle_dir`` when the node lacks ``libraries`` (of those carried).
 
     Each call: ``carry`` (paths), ``bytes`` (the working tree and the carried files), ``steps``,
@@ -180,16 +215,24 @@ def carry_plan(bundle_dir: Path, tree_bytes: int, out: str = "$OUT/results", lib
     """
     bundle_dir = Path(bundle_dir)
     if bundle_dir.is_absolute():
-        raise SystemExit(f"--bundle {bundle_dir}: give the bundle's path inside the repository (e.g. gpu-bundle); a "
-                         "call carries paths of the checkout only.")
+        raise SystemExit(
+            f"--bundle {bundle_dir}: give the bundle's path inside the repository (e.g."
+            " gpu-bundle); a call carries paths of the checkout only."
+        )
     manifest, carry = G._manifest(bundle_dir), _carry(bundle_dir)
     last = last_call(carry, libraries)
     plan = [{"call": k, "carry": [], "bytes": tree_bytes} for k in range(1, last + 1)]
     cut_files = {p["file"] for p in carry["pieces"]}
-    plan[0]["carry"] += [(bundle_dir / G.MANIFEST).as_posix(), (bundle_dir / CARRY).as_posix(),
-                         (bundle_dir / G.BASE).as_posix()]
-    plan[0]["bytes"] += (sum(e["bytes"] for e in manifest["files"] if e["name"] not in cut_files)
-                         + (bundle_dir / G.MANIFEST).stat().st_size + (bundle_dir / CARRY).stat().st_size)
+    plan[0]["carry"] += [
+        (bundle_dir / G.MANIFEST).as_posix(),
+        (bundle_dir / CARRY).as_posix(),
+        (bundle_dir / G.BASE).as_posix(),
+    ]
+    plan[0]["bytes"] += (
+        sum(e["bytes"] for e in manifest["files"] if e["name"] not in cut_files)
+        + (bundle_dir / G.MANIFEST).stat().st_size
+        + (bundle_dir / CARRY).stat().st_size
+    )
     for piece in carry["pieces"]:
         if piece["call"] <= last:
             plan[piece["call"] - 1]["carry"].append((bundle_dir / piece["name"]).as_posix())
@@ -198,8 +241,10 @@ def carry_plan(bundle_dir: Path, tree_bytes: int, out: str = "$OUT/results", lib
         item["steps"] = ["verify", *call_steps(item["call"], last)]
         item["seconds"] = call_seconds(item["steps"][1:])
         item["transfer_s"] = round(transfer_seconds(item["bytes"]), 1)
-        item["command"] = (f"PYTHONPATH=src python3 devtools/gpu_carry.py call {item['call']} --bundle "
-                           f"{bundle_dir.as_posix()} --out {out}")
+        item["command"] = (
+            f"PYTHONPATH=src python3 devtools/gpu_carry.py call {item['call']} --bundle "
+            f"{bundle_dir.as_posix()} --out {out}"
+        )
     return plan
 
 
@@ -208,37 +253,48 @@ def plan_seconds(plan: Sequence[dict]) -> float:
     return START_S + sum(item["seconds"] + item["transfer_s"] for item in plan)
 
 
-def print_plan(plan: List[dict], tree: Tuple[int, int], variant: str) -> List[str]:
+def print_plan(plan: list[dict], tree: tuple[int, int], variant: str) -> list[str]:
     """Print one variant of the plan; return the problems found (a call over a limit)."""
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
     problems = []
     print(f"\n== {variant}: {len(plan)} calls")
     for item in plan:
-        print(f"call {item['call']}/{len(plan)}: {mib(item['bytes'])}, <= {item['seconds']} s + ~{item['transfer_s']} s "
-              f"transfer ({', '.join(item['steps'])})")
+        print(
+            f"call {item['call']}/{len(plan)}: {mib(item['bytes'])}, <= {item['seconds']} s +"
+            f" ~{item['transfer_s']} s transfer ({', '.join(item['steps'])})"
+        )
         print("  carry: " + json.dumps(item["carry"]))
         print("  command: " + item["command"])
         if item["bytes"] > CALL_BYTES:
-            problems.append(f"call {item['call']} carries {mib(item['bytes'])} > {mib(CALL_BYTES)}: cut the bundle "
-                            "again for today's working tree.")
+            problems.append(
+                f"call {item['call']} carries {mib(item['bytes'])} > {mib(CALL_BYTES)}: cut the"
+                " bundle again for today's working tree."
+            )
         if item["seconds"] > 600:
             problems.append(f"call {item['call']} may run {item['seconds']} s > 600 s.")
         if len(item["carry"]) > MAX_PATHS:
-            problems.append(f"call {item['call']} names {len(item['carry'])} paths; a call carries at most {MAX_PATHS}.")
+            problems.append(
+                f"call {item['call']} names {len(item['carry'])} paths; a call carries at most"
+                f" {MAX_PATHS}."
+            )
     total = plan_seconds(plan)
-    print(f"time plan: {START_S} s start + {sum(i['seconds'] for i in plan)} s of step limits + "
-          f"{sum(i['transfer_s'] for i in plan):.0f} s of transfers = {total:.0f} s "
-          f"(plan budget {PLAN_BUDGET_S} s; machine time {BUDGET_S} s)")
+    print(
+        f"time plan: {START_S} s start + {sum(i['seconds'] for i in plan)} s of step limits + "
+        f"{sum(i['transfer_s'] for i in plan):.0f} s of transfers = {total:.0f} s "
+        f"(plan budget {PLAN_BUDGET_S} s; machine time {BUDGET_S} s)"
+    )
     if total > PLAN_BUDGET_S:
-        problems.append(f"{variant}: the plan may take {total:.0f} s > its budget of {PLAN_BUDGET_S} s "
-                        f"({START_S} s start + 11 minutes; the machine gives {BUDGET_S} s in all).")
+        problems.append(
+            f"{variant}: the plan may take {total:.0f} s > its budget of {PLAN_BUDGET_S} s "
+            f"({START_S} s start + 11 minutes; the machine gives {BUDGET_S} s in all)."
+        )
     return problems
 
 
-# ----------------------------------------------------------------------------- one call, on the machine
+# ----------------------------------------------------------------------------- one call, on the mac
 
 
-def verify_pieces(directory: Path, upto_call: int) -> List[str]:
+def verify_pieces(directory: Path, upto_call: int) -> list[str]:
     """Check the whole small files and every piece of calls ``1..upto_call`` that is still needed
     (a file already put together is checked whole instead)."""
     directory = Path(directory)
@@ -258,15 +314,19 @@ def verify_pieces(directory: Path, upto_call: int) -> List[str]:
             continue
         path = directory / piece["name"]
         if not path.is_file():
-            raise SystemExit(f"{path}: piece missing (call {piece['call']}): the machine went back since; start "
-                             "again at call 1.")
+            raise SystemExit(
+                f"{path}: piece missing (call {piece['call']}): the machine went back since; start "
+                "again at call 1."
+            )
         if _sha256_bytes(path.read_bytes()) != piece["sha256"]:
-            raise SystemExit(f"{path}: SHA-256 differs from {CARRY} (corrupted copy); carry it again.")
+            raise SystemExit(
+                f"{path}: SHA-256 differs from {CARRY} (corrupted copy); carry it again."
+            )
         checked.append(piece["name"])
     return checked
 
 
-def join_pieces(directory: Path, libraries: Sequence[str]) -> List[Path]:
+def join_pieces(directory: Path, libraries: Sequence[str]) -> list[Path]:
     """Put the cut files together (the core wheel, and the libraries in ``libraries``), each checked
     against the manifest's SHA-256 and, as a wheel, against its own ``RECORD``."""
     directory = Path(directory)
@@ -284,7 +344,9 @@ def join_pieces(directory: Path, libraries: Sequence[str]) -> List[Path]:
                     for part in parts:
                         out.write((directory / part["name"]).read_bytes())
                 if G._sha256(tmp) != entry["sha256"]:
-                    raise SystemExit(f"{target}: put together, it does not match the manifest's SHA-256.")
+                    raise SystemExit(
+                        f"{target}: put together, it does not match the manifest's SHA-256."
+                    )
                 G.verify_wheel_record(tmp)
                 tmp.replace(target)
             finally:
@@ -305,13 +367,21 @@ def run_call(bundle_dir: Path, out: Path, call: int, python: str = sys.executabl
     last = last_call(carry, libraries)
     steps = call_steps(call, last)
     checked = verify_pieces(bundle_dir, call)
-    print(f"call {call}/{last}: verified {len(checked)} files and pieces; libraries carried for this node: "
-          f"{libraries or 'none'}; steps: {', '.join(steps) or 'none'}", flush=True)
+    print(
+        f"call {call}/{last}: verified {len(checked)} files and pieces; libraries carried for this"
+        f" node: {libraries or 'none'}; steps: {', '.join(steps) or 'none'}",
+        flush=True,
+    )
     if call == last:
         joined = join_pieces(bundle_dir, libraries)
         print(f"put together and checked: {[p.name for p in joined]}", flush=True)
-    elif "library" in json.dumps([p for p in carry["pieces"] if p["call"] == call + 1]) and libraries:
-        print(f"lib{'/lib'.join(libraries)} is not on this node: carry call {call + 1} next.", flush=True)
+    elif (
+        "library" in json.dumps([p for p in carry["pieces"] if p["call"] == call + 1]) and libraries
+    ):
+        print(
+            f"lib{'/lib'.join(libraries)} is not on this node: carry call {call + 1} next.",
+            flush=True,
+        )
     if not steps:
         return {"call": call, "ok": True, "steps": []}
     commands = G.run_commands(bundle_dir, out, python, steps)
@@ -329,13 +399,17 @@ NODE_PYTHON = "3.12"
 
 
 def _node_python(version: str) -> str:
-    """``python<version>``: pyenv's first (as the Makefile's PYTHON312), then the PATH's, if it runs."""
+    """``python<version>``: pyenv's first (as the Makefile's PYTHON312), then the PATH's, if it
+    runs."""
     candidates = sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}")) + [
-        shutil.which(f"python{version}")]
+        shutil.which(f"python{version}")
+    ]
     for found in filter(None, candidates):
         if subprocess.run([str(found), "-c", "pass"], capture_output=True).returncode == 0:
             return str(found)
-    raise SystemExit(f"no working python{version} found: install it (pyenv install {version}) or pass --python.")
+    raise SystemExit(
+        f"no working python{version} found: install it (pyenv install {version}) or pass --python."
+    )
 
 
 def make_node(work: Path, python: str, packages: Sequence[str]) -> Path:
@@ -352,16 +426,20 @@ def make_node(work: Path, python: str, packages: Sequence[str]) -> Path:
     return node / "bin" / "python"
 
 
-def _node_facts(python: Path, env: Dict[str, str]) -> dict:
-    code = ("import json, sysconfig, sys; sys.path.insert(0, 'src');"
-            "from tutorial_utils.cli import gpu_setup as G;"
-            "from importlib.metadata import version;"
-            "pure = sysconfig.get_path('purelib');"
-            "print(json.dumps({'python': sys.version.split()[0], 'jax': version('jax'),"
-            "'nvcc': str(G.te_nvcc()), 'frontend': G._installed('nvidia-cudnn-frontend'),"
-            "'nvtx': str(G.nvtx_include_dir([G.te_nvcc().parent.parent])) if G.te_nvcc() else None,"
-            "'curand': str(G.te_library('curand')), 'cudnn': str(G.cudnn_version())}))")
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, check=True)
+def _node_facts(python: Path, env: dict[str, str]) -> dict:
+    code = (
+        "import json, sysconfig, sys; sys.path.insert(0, 'src');"
+        "from tutorial_utils.cli import gpu_setup as G;"
+        "from importlib.metadata import version;"
+        "pure = sysconfig.get_path('purelib');"
+        "print(json.dumps({'python': sys.version.split()[0], 'jax': version('jax'),"
+        "'nvcc': str(G.te_nvcc()), 'frontend': G._installed('nvidia-cudnn-frontend'),"
+        "'nvtx': str(G.nvtx_include_dir([G.te_nvcc().parent.parent])) if G.te_nvcc() else None,"
+        "'curand': str(G.te_library('curand')), 'cudnn': str(G.cudnn_version())}))"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, env=env, check=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -371,8 +449,13 @@ def _device_tree(work: Path, root: Path) -> Path:
     device = work / "device"
     shutil.rmtree(device, ignore_errors=True)
     device.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, files):
         src = root / name
         if src.is_file():
@@ -394,25 +477,47 @@ def driver_stub(work: Path, purelib: Path) -> Path:
     libraries need, read with ``nm``.
     """
     needed = set()
-    for lib in list(purelib.glob("nvidia/**/*.so*")) + list(purelib.glob("transformer_engine*/**/*.so*")):
+    for lib in list(purelib.glob("nvidia/**/*.so*")) + list(
+        purelib.glob("transformer_engine*/**/*.so*")
+    ):
         if not lib.is_file():
             continue
         dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
         if "libcuda.so.1" not in dyn:
             continue
-        syms = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True).stdout
+        syms = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True
+        ).stdout
         needed |= {m for m in re.findall(r"\bU (cu[A-Z]\w*)", syms)}
     folder = work / "driver-stub"
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / "stub.c"
-    source.write_text("".join(f"int {s}(void) {{ return 100; }}\n" for s in sorted(needed)) or "int cuInit(void){return 100;}\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(folder / "libcuda.so.1"),
-                    str(source)], check=True)
+    source.write_text(
+        "".join(f"int {s}(void) {{ return 100; }}\n" for s in sorted(needed))
+        or "int cuInit(void){return 100;}\n"
+    )
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(folder / "libcuda.so.1"),
+            str(source),
+        ],
+        check=True,
+    )
     return folder
 
 
-def rehearse(bundle_dir: Path, work: Path, python: str, packages: Sequence[str] = NODE_PACKAGES,
-             root: Path = Path(".")) -> dict:
+def rehearse(
+    bundle_dir: Path,
+    work: Path,
+    python: str,
+    packages: Sequence[str] = NODE_PACKAGES,
+    root: Path = Path("."),
+) -> dict:
     """Play the plan here: every call's files copied into a fresh device tree, every call's command
     run with a fresh node Python, TE's real sdist built by its real ``setup.py``, the wheels
     installed, and the import gate run as far as a machine without a driver allows.
@@ -425,36 +530,65 @@ def rehearse(bundle_dir: Path, work: Path, python: str, packages: Sequence[str] 
     work.mkdir(parents=True, exist_ok=True)
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     node_python = make_node(work, python, packages)
-    env = {"PATH": f"{node_python.parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
-           "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}  # no CUDA_HOME, no LD_LIBRARY_PATH, no system nvcc
+    env = {
+        "PATH": f"{node_python.parent}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+    }  # no CUDA_HOME, no LD_LIBRARY_PATH, no system nvcc
     device = _device_tree(work, root)
     facts = _node_facts(node_python, {**env, "PYTHONPATH": str(root / "src")})
     print(f"node: {json.dumps(facts)}", flush=True)
     report = {"node": facts, "packages": list(packages), "calls": [], "ok": False}
-    lacks = _needed_libraries(_carry(root / bundle_dir), env=env, purelib=_purelib(node_python, env))
+    lacks = _needed_libraries(
+        _carry(root / bundle_dir), env=env, purelib=_purelib(node_python, env)
+    )
     plan = carry_plan(Path(bundle_dir), sum(working_tree_bytes(root)), libraries=lacks)
     report["lacks"] = lacks
     for item in plan:
         for path in item["carry"]:
             src, dst = root / path, device / path
             dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(src, dst, dirs_exist_ok=True) if src.is_dir() else shutil.copy2(src, dst)
+            (
+                shutil.copytree(src, dst, dirs_exist_ok=True)
+                if src.is_dir()
+                else shutil.copy2(src, dst)
+            )
         out = work / "out" / f"call{item['call']}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        cmd = item["command"].replace("PYTHONPATH=src python3", str(node_python)).replace("$OUT", str(out))
+        cmd = (
+            item["command"]
+            .replace("PYTHONPATH=src python3", str(node_python))
+            .replace("$OUT", str(out))
+        )
         start = time.perf_counter()
-        proc = subprocess.run(cmd.split(), cwd=device, env={**env, "PYTHONPATH": "src"}, capture_output=True,
-                              text=True, timeout=item["seconds"] + 60)
+        proc = subprocess.run(
+            cmd.split(),
+            cwd=device,
+            env={**env, "PYTHONPATH": "src"},
+            capture_output=True,
+            text=True,
+            timeout=item["seconds"] + 60,
+        )
         (work / f"call{item['call']}.log").write_text(proc.stdout + proc.stderr)
-        summary = {"call": item["call"], "rc": proc.returncode, "seconds": round(time.perf_counter() - start, 1),
-                   "limit_s": item["seconds"], "bytes": item["bytes"], "steps": item["steps"]}
+        summary = {
+            "call": item["call"],
+            "rc": proc.returncode,
+            "seconds": round(time.perf_counter() - start, 1),
+            "limit_s": item["seconds"],
+            "bytes": item["bytes"],
+            "steps": item["steps"],
+        }
         results = sorted(out.glob("results/gpu-run/call*.json"))
         if results:
             summary["run"] = json.loads(results[0].read_text())["steps"]
         report["calls"].append(summary)
-        print(f"call {item['call']}/{len(plan)}: rc={proc.returncode} in {summary['seconds']} s "
-              f"(limit {item['seconds']} s)", flush=True)
+        print(
+            f"call {item['call']}/{len(plan)}: rc={proc.returncode} in {summary['seconds']} s "
+            f"(limit {item['seconds']} s)",
+            flush=True,
+        )
         if proc.returncode != 0:
             break
     report.update(_verdict(report, plan, work, device, node_python, env))
@@ -465,45 +599,85 @@ def rehearse(bundle_dir: Path, work: Path, python: str, packages: Sequence[str] 
     return report
 
 
-def _purelib(python: Path, env: Dict[str, str]) -> Path:
+def _purelib(python: Path, env: dict[str, str]) -> Path:
     code = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    return Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env,
-                               check=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+    )
 
 
 def _first_line(text: str, needle: str) -> str:
     return next((line for line in text.splitlines() if needle in line), text[-400:])
 
 
-def _verdict(report: dict, plan: List[dict], work: Path, device: Path, python: Path, env: Dict[str, str]) -> dict:
+def _verdict(
+    report: dict, plan: list[dict], work: Path, device: Path, python: Path, env: dict[str, str]
+) -> dict:
     """Every step before the gate passed, and the gate failed only for want of a driver."""
     last = report["calls"][-1] if report["calls"] else {}
     steps = {s["name"]: s for c in report["calls"] for s in c.get("run", [])}
-    problems = [f"{name}: rc={s['rc']}" for name, s in steps.items() if name != "gate" and s.get("rc") not in (0, None)]
+    problems = [
+        f"{name}: rc={s['rc']}"
+        for name, s in steps.items()
+        if name != "gate" and s.get("rc") not in (0, None)
+    ]
     if last.get("call") != len(plan):
-        problems.append(f"stopped at call {last.get('call')} of {len(plan)} (see {work}/call{last.get('call')}.log)")
-    result = {"problems": problems, "ok": False, "steps_ok": [n for n, s in steps.items() if s.get("rc") == 0]}
+        problems.append(
+            f"stopped at call {last.get('call')} of {len(plan)} (see"
+            f" {work}/call{last.get('call')}.log)"
+        )
+    result = {
+        "problems": problems,
+        "ok": False,
+        "steps_ok": [n for n, s in steps.items() if s.get("rc") == 0],
+    }
     if "gate" not in steps:
         problems.append("the import gate never ran")
         return result
     log = work / "out" / f"call{last['call']}" / "results" / "gpu-run" / f"call{last['call']}.log"
     text = log.read_text()
-    result["gate_without_driver"] = _first_line(text[text.find("+ [gate"):], "import gate")
+    result["gate_without_driver"] = _first_line(text[text.find("+ [gate") :], "import gate")
     if "libcuda.so.1" not in result["gate_without_driver"]:
-        problems.append(f"the gate failed for another reason than the missing driver: {result['gate_without_driver']}")
+        problems.append(
+            "the gate failed for another reason than the missing driver:"
+            f" {result['gate_without_driver']}"
+        )
         return result
     purelib = _purelib(python, env)
     stub, nccl = driver_stub(work, purelib), G.nccl_library([str(purelib)])
-    proc = subprocess.run([str(python), "-m", "tutorial_utils.cli.gpu_setup", "gate"], cwd=device, timeout=300,
-                          env={**env, "PYTHONPATH": "src", "LD_LIBRARY_PATH": f"{stub}:{nccl.parent if nccl else ''}"},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(python), "-m", "tutorial_utils.cli.gpu_setup", "gate"],
+        cwd=device,
+        timeout=300,
+        env={
+            **env,
+            "PYTHONPATH": "src",
+            "LD_LIBRARY_PATH": f"{stub}:{nccl.parent if nccl else ''}",
+        },
+        capture_output=True,
+        text=True,
+    )
     result["gate_with_stub_driver"] = _first_line(proc.stderr + proc.stdout, "import gate")
-    if "JAX sees no GPU" not in result["gate_with_stub_driver"] or \
-            f"TE {G.TE_VERSION} imported" not in result["gate_with_stub_driver"]:
-        problems.append(f"with a stand-in driver, TE's import did not go through: {result['gate_with_stub_driver']}")
+    if (
+        "JAX sees no GPU" not in result["gate_with_stub_driver"]
+        or f"TE {G.TE_VERSION} imported" not in result["gate_with_stub_driver"]
+    ):
+        problems.append(
+            "with a stand-in driver, TE's import did not go through:"
+            f" {result['gate_with_stub_driver']}"
+        )
     wheels = sorted((device / "gpu-bundle" / G.BUILT).glob("*.whl"))
-    result["wheel"] = ({"name": wheels[0].name, "version": G.wheel_version(wheels[0]), "bytes": wheels[0].stat().st_size}
-                       if wheels else None)
+    result["wheel"] = (
+        {
+            "name": wheels[0].name,
+            "version": G.wheel_version(wheels[0]),
+            "bytes": wheels[0].stat().st_size,
+        }
+        if wheels
+        else None
+    )
     result["ok"] = not problems
     return result
 
@@ -511,8 +685,10 @@ def _verdict(report: dict, plan: List[dict], work: Path, device: Path, python: P
 # ----------------------------------------------------------------------------- command line
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python devtools/gpu_carry.py", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python devtools/gpu_carry.py", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cut", help="cut the bundle's large wheels into one call's worth each")
     c.add_argument("bundle", type=Path)
@@ -523,10 +699,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     k.add_argument("call", type=int)
     k.add_argument("--bundle", type=Path, default=Path("gpu-bundle"))
     k.add_argument("--out", type=Path, default=Path("results"))
-    r = sub.add_parser("rehearse", help="play every call here with TE's real build, in a fresh node Python")
+    r = sub.add_parser(
+        "rehearse", help="play every call here with TE's real build, in a fresh node Python"
+    )
     r.add_argument("--bundle", type=Path, default=Path("gpu-bundle"))
     r.add_argument("--work", type=Path, default=Path("/tmp/gpu-rehearsal"))
-    r.add_argument("--python", default=None, help=f"the node's Python (default: python{NODE_PYTHON})")
+    r.add_argument(
+        "--python", default=None, help=f"the node's Python (default: python{NODE_PYTHON})"
+    )
     args = p.parse_args(argv)
     if args.cmd == "cut":
         carry = cut(args.bundle, sum(working_tree_bytes()))
@@ -534,15 +714,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.cmd == "plan":
         tree = working_tree_bytes()
         libraries = sorted({p["library"] for p in _carry(args.bundle)["pieces"] if p["library"]})
-        variants = {"the node has every library TE loads": carry_plan(args.bundle, sum(tree)),
-                    f"the node lacks {', '.join(libraries)}": carry_plan(args.bundle, sum(tree), libraries=libraries)}
+        variants = {
+            "the node has every library TE loads": carry_plan(args.bundle, sum(tree)),
+            f"the node lacks {', '.join(libraries)}": carry_plan(
+                args.bundle, sum(tree), libraries=libraries
+            ),
+        }
         if args.json:
-            print(json.dumps({k: {"calls": v, "seconds": plan_seconds(v)} for k, v in variants.items()}, indent=2))
+            print(
+                json.dumps(
+                    {k: {"calls": v, "seconds": plan_seconds(v)} for k, v in variants.items()},
+                    indent=2,
+                )
+            )
             return 0
-        print(f"working tree: {sum(tree) / 2**20:.1f} MiB, carried by every call; at most {CALL_BYTES // 2**20} MiB and "
-              f"{MAX_PATHS} paths per call. Issue the calls back to back: the machine keeps carried files only while "
-              f"warm. Call 1's preflight says which libraries this node lacks. Transfers are assumed at "
-              f"{TRANSFER_BYTES_PER_S // 2**20} MiB/s + {TRANSFER_FIXED_S} s per call, the start at {START_S} s.")
+        print(
+            f"working tree: {sum(tree) / 2**20:.1f} MiB, carried by every call; at most"
+            f" {CALL_BYTES // 2**20} MiB and {MAX_PATHS} paths per call. Issue the calls back to"
+            " back: the machine keeps carried files only while warm. Call 1's preflight says which"
+            " libraries this node lacks. Transfers are assumed at"
+            f" {TRANSFER_BYTES_PER_S // 2**20} MiB/s + {TRANSFER_FIXED_S} s per call, the start at"
+            f" {START_S} s."
+        )
         problems = [q for name, plan in variants.items() for q in print_plan(plan, tree, name)]
         for q in problems:
             print("PROBLEM:", q)

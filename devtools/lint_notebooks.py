@@ -22,18 +22,42 @@ CONFIG = ROOT / "notebooks" / "ruff.toml"
 
 
 def _ruff(*args: str, source: str, name: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ruff", *args, "--config", str(CONFIG), "--stdin-filename", name,
-                           "-"], input=source, capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            *args,
+            "--config",
+            str(CONFIG),
+            "--stdin-filename",
+            name,
+            "-",
+        ],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
 
 
 def lint(path: Path, fix: bool) -> list[str]:
-    """Problems in ``path``'s code cells (after formatting them, with ``fix``)."""
+    """Problems in ``path``'s code cells (after formatting them, with ``fix``).
+
+    Each cell is formatted on its own; the cells are checked together, in order, as the kernel
+    runs them (a name one cell defines is used by the next).
+    """
     text = path.read_text()
-    problems, pieces, last = [], [], 0
+    problems, pieces, cells, last = [], [], [], 0
     for k, m in enumerate(CELL.finditer(text), start=1):
         head, code, tail = m.group(1), m.group(2), m.group(3)
-        name = f"{path.name}:cell{k}.py"
-        formatted = _ruff("format", source=code + "\n", name=name)
+        name = f"{path.name}:cell{k}"
+        source = code + "\n"
+        if fix:  # sort the cell's imports first, as ruff check --fix would
+            sorted_ = _ruff(
+                "check", "--fix", "--select", "I", "--quiet", source=source, name=name + ".py"
+            )
+            source = sorted_.stdout or source
+        formatted = _ruff("format", source=source, name=name + ".py")
         if formatted.returncode != 0:
             problems.append(f"{name}: ruff format failed: {formatted.stderr.strip()}")
             new = code
@@ -41,12 +65,20 @@ def lint(path: Path, fix: bool) -> list[str]:
             new = formatted.stdout.rstrip("\n")
             if new != code and not fix:
                 problems.append(f"{name}: not formatted (python devtools/lint_notebooks.py --fix)")
-        check = _ruff("check", "--quiet", source=new + "\n", name=name)
-        if check.returncode != 0:
-            problems.append(check.stdout.strip() or check.stderr.strip())
-        pieces += [text[last:m.start()], head, new, tail]
+        cells.append(f"# {name}\n{new}\n")
+        pieces += [text[last : m.start()], head, new, tail]
         last = m.end()
     pieces.append(text[last:])
+    check = _ruff(
+        "check",
+        "--quiet",
+        "--output-format",
+        "concise",
+        source="\n".join(cells),
+        name=path.with_suffix(".py").name,
+    )
+    if check.returncode != 0:
+        problems += [line for line in check.stdout.splitlines() if line.strip()]
     if fix:
         path.write_text("".join(pieces))
     return problems

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Optional, Tuple
 
 #: Three collector thresholds, e.g. ``"20000 20 20"``; unset (the default) changes nothing.
 ENV = "TUTORIAL_RUN_GC_THRESHOLDS"
 
 
-def thresholds_from_env() -> Optional[Tuple[int, int, int]]:
-    """``$TUTORIAL_RUN_GC_THRESHOLDS`` as three positive integers, or None when it is unset or empty."""
+def thresholds_from_env() -> tuple[int, int, int] | None:
+    """``$TUTORIAL_RUN_GC_THRESHOLDS`` as three positive integers, or None when it is unset or
+    empty."""
     text = os.environ.get(ENV, "").strip()
     if not text:
         return None
@@ -36,13 +36,16 @@ def thresholds_from_env() -> Optional[Tuple[int, int, int]]:
     except ValueError:
         values = ()
     if len(values) != 3 or min(values) < 1:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r} must be three positive integers, the collector's thresholds "
-                         f"for generations 0, 1 and 2 (e.g. '20000 20 20'); unset it for Python's defaults.")
+        raise ValueError(
+            f"{ENV}={os.environ[ENV]!r} must be three positive integers, the collector's thresholds"
+            " for generations 0, 1 and 2 (e.g. '20000 20 20'); unset it for Python's defaults."
+        )
     return values  # type: ignore[return-value]
 
 
 def tune_from_env(collect_first: bool = False) -> bool:
-    """Freeze the objects that exist now and set the thresholds, if :data:`ENV` asks; return whether it did.
+    """Freeze the objects that exist now and set the thresholds, if :data:`ENV` asks; return whether
+    it did.
 
     ``collect_first`` collects before freezing, so that no garbage is frozen with the live
     objects (a pytest worker calls it after collection; at import it would cost more than it saves).

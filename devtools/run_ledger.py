@@ -31,31 +31,34 @@ import collections
 import json
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 ENV = "TUTORIAL_RUN_LEDGER"
 PTH_NAME = "zz_tutorial_run_ledger.pth"
 HOOK = Path(__file__).with_name("_ledger_hook.py")
 
 
-def _site_dir(site_dir: Optional[str]) -> Path:
+def _site_dir(site_dir: str | None) -> Path:
     path = Path(site_dir) if site_dir else Path(sysconfig.get_paths()["purelib"])
     if not path.is_dir():
-        raise ValueError(f"--site-dir={str(path)!r} is not a folder; give the site-packages folder of the venv "
-                         f"whose processes should be recorded (e.g. .venv/lib/python3.11/site-packages).")
+        raise ValueError(
+            f"--site-dir={str(path)!r} is not a folder; give the site-packages folder of the venv "
+            "whose processes should be recorded (e.g. .venv/lib/python3.11/site-packages)."
+        )
     return path
 
 
-def install(site_dir: Optional[str] = None) -> Path:
-    """Write the ``.pth`` line into ``site_dir`` (default: this interpreter's site-packages); return its path."""
+def install(site_dir: str | None = None) -> Path:
+    """Write the ``.pth`` line into ``site_dir`` (default: this interpreter's site-packages); return
+    its path."""
     pth = _site_dir(site_dir) / PTH_NAME
-    line = (f"import os; os.environ.get({ENV!r}) and __import__('runpy').run_path({str(HOOK)!r})\n")
+    line = f"import os; os.environ.get({ENV!r}) and __import__('runpy').run_path({str(HOOK)!r})\n"
     pth.write_text(line, encoding="utf-8")
     return pth
 
 
-def uninstall(site_dir: Optional[str] = None) -> bool:
+def uninstall(site_dir: str | None = None) -> bool:
     """Remove the ``.pth`` line; return whether there was one."""
     pth = _site_dir(site_dir) / PTH_NAME
     existed = pth.exists()
@@ -81,20 +84,26 @@ def _kind(proc: dict) -> str:
 def read(path: str | Path) -> list:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"ledger={str(p)!r} does not exist; run the suite with {ENV}={p} after "
-                         f"`python devtools/run_ledger.py install`.")
+        raise ValueError(
+            f"ledger={str(p)!r} does not exist; run the suite with {ENV}={p} after "
+            "`python devtools/run_ledger.py install`."
+        )
     rows = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"ledger={str(p)!r} line {n} is not JSON ({exc.msg}); was it written by another tool?")
+                raise ValueError(
+                    f"ledger={str(p)!r} line {n} is not JSON ({exc.msg}); was it written by another"
+                    " tool?"
+                ) from exc
     return rows
 
 
 def summarize(rows: list) -> dict:
-    """Totals per process kind, compile and cache figures, the largest processes and repeated misses."""
+    """Totals per process kind, compile and cache figures, the largest processes and repeated
+    misses."""
     procs = {r["pid"]: r for r in rows if r.get("k") == "proc"}
     compile_s = collections.Counter()
     for r in rows:
@@ -119,45 +128,76 @@ def summarize(rows: list) -> dict:
         "cache_write_s": round(sum(r["s"] for r in rows if r.get("k") == "write"), 1),
         "keys_missed_more_than_once": sum(1 for n in misses.values() if n > 1),
         "hook_missing": sorted({r["name"] for r in rows if r.get("k") == "hook-missing"}),
-        "by_kind": {k: {kk: round(vv, 1) if isinstance(vv, float) else vv for kk, vv in v.items()}
-                    for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["cpu_s"])},
-        "top_processes": [{"cpu_s": round(p["cpu"], 1), "wall_s": round(p["wall"], 1),
-                           "compile_s": round(compile_s[p["pid"]], 1), "argv": " ".join(p["argv"])[-100:],
-                           "test": p["test"][:100]} for p in top],
+        "by_kind": {
+            k: {kk: round(vv, 1) if isinstance(vv, float) else vv for kk, vv in v.items()}
+            for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["cpu_s"])
+        },
+        "top_processes": [
+            {
+                "cpu_s": round(p["cpu"], 1),
+                "wall_s": round(p["wall"], 1),
+                "compile_s": round(compile_s[p["pid"]], 1),
+                "argv": " ".join(p["argv"])[-100:],
+                "test": p["test"][:100],
+            }
+            for p in top
+        ],
     }
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"{s['processes']} processes, {s['cpu_s']:.1f} core-s of CPU, of which XLA backend compile "
-             f"{s['compile_s']:.1f} s ({s['compiles']} compiles)",
-             f"persistent cache: {s['cache_hits']} hits, {s['cache_misses']} misses, writes {s['cache_write_s']:.1f} s; "
-             f"keys missed more than once: {s['keys_missed_more_than_once']}"]
+    lines = [
+        (
+            f"{s['processes']} processes, {s['cpu_s']:.1f} core-s of CPU, of which XLA backend"
+            f" compile {s['compile_s']:.1f} s ({s['compiles']} compiles)"
+        ),
+        (
+            f"persistent cache: {s['cache_hits']} hits, {s['cache_misses']} misses, writes"
+            f" {s['cache_write_s']:.1f} s; keys missed more than once:"
+            f" {s['keys_missed_more_than_once']}"
+        ),
+    ]
     if s["hook_missing"]:
         lines.append(f"not recorded (this JAX lacks them): {', '.join(s['hook_missing'])}")
     lines.append(f"{'core-s':>8} {'compile':>8} {'procs':>5}  kind")
-    lines += [f"{v['cpu_s']:8.1f} {v['compile_s']:8.1f} {v['processes']:5d}  {k}" for k, v in s["by_kind"].items()]
+    lines += [
+        f"{v['cpu_s']:8.1f} {v['compile_s']:8.1f} {v['processes']:5d}  {k}"
+        for k, v in s["by_kind"].items()
+    ]
     lines.append(f"{'core-s':>8} {'compile':>8} {'wall':>6}  largest processes")
-    lines += [f"{p['cpu_s']:8.1f} {p['compile_s']:8.1f} {p['wall_s']:6.1f}  {p['argv']}  [{p['test']}]"
-              for p in s["top_processes"]]
+    lines += [
+        f"{p['cpu_s']:8.1f} {p['compile_s']:8.1f} {p['wall_s']:6.1f}  {p['argv']}  [{p['test']}]"
+        for p in s["top_processes"]
+    ]
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python devtools/run_ledger.py",
-                                description="Record every Python process of a test run (CPU, XLA compiles, cache hits).")
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python devtools/run_ledger.py",
+        description="Record every Python process of a test run (CPU, XLA compiles, cache hits).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("install", "uninstall"):
         s = sub.add_parser(name)
-        s.add_argument("--site-dir", default=None, help="site-packages folder (default: this interpreter's)")
+        s.add_argument(
+            "--site-dir", default=None, help="site-packages folder (default: this interpreter's)"
+        )
     r = sub.add_parser("report")
     r.add_argument("ledger", help=f"the file {ENV} named")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = p.parse_args(argv)
     try:
         if args.command == "install":
-            print(f"run_ledger: installed {install(args.site_dir)}; set {ENV}=<file> to record a run")
+            print(
+                f"run_ledger: installed {install(args.site_dir)}; set {ENV}=<file> to record a run"
+            )
         elif args.command == "uninstall":
-            print("run_ledger: removed" if uninstall(args.site_dir) else "run_ledger: was not installed")
+            print(
+                "run_ledger: removed"
+                if uninstall(args.site_dir)
+                else "run_ledger: was not installed"
+            )
         else:
             summary = summarize(read(args.ledger))
             print(json.dumps(summary, indent=2) if args.json else format_summary(summary))

@@ -5,8 +5,10 @@ variables are set; a reader's processes never load it."""
 
 import os
 
-if any(os.environ.get(v) for v in ("TUTORIAL_COMPILE_CACHE_DIR", "TUTORIAL_RUN_XLA_FLAGS",
-                                   "TUTORIAL_RUN_GC_THRESHOLDS")):
+if any(
+    os.environ.get(v)
+    for v in ("TUTORIAL_COMPILE_CACHE_DIR", "TUTORIAL_RUN_XLA_FLAGS", "TUTORIAL_RUN_GC_THRESHOLDS")
+):
     import run_hooks
 
     run_hooks.install()

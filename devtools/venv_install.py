@@ -32,19 +32,24 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 CHOICES = ("auto", "uv", "pip")
 #: pip setting -> uv option (the multi-valued ones are space-separated in pip's configuration)
-_OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-            "constraint": "--constraint"}
+_OPTIONS = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
 
 
-def pip_settings(python: str) -> Dict[str, List[str]]:
-    """pip's effective settings from ``pip config list`` (files and ``PIP_*`` variables), as lists."""
+def pip_settings(python: str) -> dict[str, list[str]]:
+    """pip's effective settings from ``pip config list`` (files and ``PIP_*`` variables), as
+    lists."""
     proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    settings: Dict[str, List[str]] = {}
+    settings: dict[str, list[str]] = {}
     for line in proc.stdout.splitlines():
         key, sep, value = line.partition("=")
         if not sep:
@@ -59,25 +64,44 @@ def pip_settings(python: str) -> Dict[str, List[str]]:
     return settings
 
 
-def uv_command(uv: str, python: str, settings: Dict[str, List[str]], packages: Sequence[str]) -> List[str]:
-    """``uv pip install`` with pip's indexes; ``unsafe-best-match`` picks across indexes as pip does."""
-    # no --compile-bytecode: the modules a run imports get their .pyc on first import (module docstring)
-    cmd = [uv, "pip", "install", "--quiet", "--python", python, "--index-strategy",
-           "unsafe-best-match"]
+def uv_command(
+    uv: str, python: str, settings: dict[str, list[str]], packages: Sequence[str]
+) -> list[str]:
+    """``uv pip install`` with pip's indexes; ``unsafe-best-match`` picks across indexes as pip
+    does."""
+    # no --compile-bytecode: the modules a run imports get their .pyc on first import (module
+    # docstring)
+    cmd = [
+        uv,
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        python,
+        "--index-strategy",
+        "unsafe-best-match",
+    ]
     for name, option in _OPTIONS.items():
         for value in settings.get(name, []):
-            if name in ("find-links", "constraint") and "://" not in value and not Path(value).exists():
+            if (
+                name in ("find-links", "constraint")
+                and "://" not in value
+                and not Path(value).exists()
+            ):
                 continue  # pip skips a missing local path with a warning; uv would stop
             cmd += [option, value]
     return cmd + list(packages)
 
 
-#: Run by the venv's Python after an install: imports whose .pyc files every run needs (module docstring).
+#: Run by the venv's Python after an install: imports whose .pyc files every run needs (module
+#: docstring).
 #: A module that is not installed (another extra, no TE) is skipped.
 WARM_CODE = """
 import importlib
-for name in ("jax", "tutorial_utils.te_on_cpu", "flax.linen", "optax", "matplotlib.pyplot", "IPython",
-             "ipykernel.kernelapp", "nbclient", "jupytext", "sphinx.application", "sphinx.builders.html", "myst_nb",
+for name in ("jax", "tutorial_utils.te_on_cpu", "flax.linen", "optax", "matplotlib.pyplot",
+"IPython",
+             "ipykernel.kernelapp", "nbclient", "jupytext", "sphinx.application",
+             "sphinx.builders.html", "myst_nb",
              "pytest", "xdist", "hypothesis", "playwright.sync_api"):
     try:
         module = importlib.import_module(name)
@@ -90,7 +114,8 @@ for name in ("jax", "tutorial_utils.te_on_cpu", "flax.linen", "optax", "matplotl
 
 
 def warm_bytecode(python: str) -> int:
-    """Write the ``.pyc`` files of :data:`WARM_CODE`'s imports into the venv of ``python``; its exit status."""
+    """Write the ``.pyc`` files of :data:`WARM_CODE`'s imports into the venv of ``python``; its exit
+    status."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.setdefault("JAX_PLATFORMS", "cpu")  # importing JAX must not look for accelerators here
     return subprocess.run([python, "-c", WARM_CODE], env=env).returncode
@@ -99,8 +124,10 @@ def warm_bytecode(python: str) -> int:
 def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> str:
     """Install ``packages`` into the venv of ``python``; return which installer did it."""
     if choice not in CHOICES:
-        raise ValueError(f"TUTORIAL_INSTALLER={choice!r} must be one of {', '.join(CHOICES)}; unset it to use uv "
-                         "where it installs, else pip.")
+        raise ValueError(
+            f"TUTORIAL_INSTALLER={choice!r} must be one of {', '.join(CHOICES)}; unset it to use uv"
+            " where it installs, else pip."
+        )
     pip = [python, "-m", "pip", "install", "--quiet"]
     subprocess.run(pip + ["--upgrade", "pip"], check=True)
     no_bytecode = ["--no-compile"]  # as uv: bytecode on first import (module docstring)
@@ -119,7 +146,9 @@ def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> st
                 return "uv"
             why = f"{shlex.join(cmd)} failed"
         if choice == "uv":
-            raise RuntimeError(f"TUTORIAL_INSTALLER=uv, but {why}; unset TUTORIAL_INSTALLER to fall back to pip.")
+            raise RuntimeError(
+                f"TUTORIAL_INSTALLER=uv, but {why}; unset TUTORIAL_INSTALLER to fall back to pip."
+            )
         print(f"venv_install: {why}; installing with pip instead", file=sys.stderr)
     subprocess.run(pip + no_bytecode + list(packages), check=True)
     return "pip"
@@ -128,22 +157,35 @@ def install(python: str, packages: Sequence[str], *, choice: str = "auto") -> st
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0].startswith("-"):
-        print("usage: python venv_install.py VENV_PYTHON PACKAGE_OR_PIP_ARG...  (e.g. .venv/bin/python -e '.[test]')",
-              file=sys.stderr)
+        print(
+            "usage: python venv_install.py VENV_PYTHON PACKAGE_OR_PIP_ARG...  (e.g."
+            " .venv/bin/python -e '.[test]')",
+            file=sys.stderr,
+        )
         return 2
     python = args[0]
     if not Path(python).exists():
-        print(f"venv_install: VENV_PYTHON={python!r} does not exist; create the venv first (python3 -m venv .venv).",
-              file=sys.stderr)
+        print(
+            f"venv_install: VENV_PYTHON={python!r} does not exist; create the venv first (python3"
+            " -m venv .venv).",
+            file=sys.stderr,
+        )
         return 2
     try:
-        install(python, args[1:], choice=os.environ.get("TUTORIAL_INSTALLER", "auto").strip().lower() or "auto")
+        install(
+            python,
+            args[1:],
+            choice=os.environ.get("TUTORIAL_INSTALLER", "auto").strip().lower() or "auto",
+        )
     except (ValueError, RuntimeError, subprocess.CalledProcessError) as err:
         print(f"venv_install: {err}", file=sys.stderr)
         return 1
     if warm_bytecode(python) != 0:
-        print("venv_install: writing the bytecode of the common imports failed; each run compiles them instead",
-              file=sys.stderr)
+        print(
+            "venv_install: writing the bytecode of the common imports failed; each run compiles"
+            " them instead",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -5,11 +5,12 @@ Python with JAX and TE costs about two seconds of CPU each time; the tools' real
 run, as typed, by tests/test_shown_commands.py and by each tool's own end-to-end tests.
 """
 
-from typing import Callable, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 
-def exit_status_and_stderr(main: Callable, argv: Sequence[str], capsys) -> Tuple[object, str]:
-    """``main(argv)``'s exit status (``SystemExit``'s code, else its return value) and its stderr."""
+def exit_status_and_stderr(main: Callable, argv: Sequence[str], capsys) -> tuple[object, str]:
+    """``main(argv)``'s exit status (``SystemExit``'s code, else its return value) and its
+    stderr."""
     capsys.readouterr()
     try:
         status = main(list(argv))

@@ -2,12 +2,14 @@
 
 import os
 
-# The tests' arrays are tiny and XLA's compile is most of their time (see _build_test/test-times-py3.11.json):
+# The tests' arrays are tiny and XLA's compile is most of their time (see
+# _build_test/test-times-py3.11.json):
 # they compile at XLA's lowest backend optimisation level, which cuts CPU compile time by about a
 # third. The site build and the benchmarks drop these flags and compile as a reader's run does.
 _FAST_COMPILE = "--xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + f" --xla_force_host_platform_device_count=8 {_FAST_COMPILE}").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {_FAST_COMPILE}"
+).strip()
 # ... and so do the run's subprocesses (commands, recipes, launcher ranks), which build their own
 # XLA_FLAGS: devtools/sitecustomize.py adds it at their start (compile_cache.add_run_flags)
 os.environ.setdefault("TUTORIAL_RUN_XLA_FLAGS", _FAST_COMPILE)
@@ -17,19 +19,27 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TUTORIAL_RUN_GC_THRESHOLDS", "20000 20 20")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
-# per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json (tests/time_table.py)
+# per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json
+# (tests/time_table.py)
 pytest_plugins = ["time_table"]
 
 # One XLA compilation cache for the whole run, shared by both workers, the site build's notebook
 # kernels and every subprocess that imports JAX (devtools/compile_cache.py says why its
 # key is safe for TE's context-parallel programs). The first process of the run creates it empty;
 # the workers and subprocesses inherit the variable. TUTORIAL_TEST_COMPILE_CACHE=0 runs without it.
-if os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0" and "TUTORIAL_COMPILE_CACHE_DIR" not in os.environ:
+if (
+    os.environ.get("TUTORIAL_TEST_COMPILE_CACHE", "1") != "0"
+    and "TUTORIAL_COMPILE_CACHE_DIR" not in os.environ
+):
     import shutil
     import sys
     from pathlib import Path
 
-    _cache = Path(__file__).resolve().parents[1] / "_build_cache" / f"xla-py{sys.version_info[0]}.{sys.version_info[1]}"
+    _cache = (
+        Path(__file__).resolve().parents[1]
+        / "_build_cache"
+        / f"xla-py{sys.version_info[0]}.{sys.version_info[1]}"
+    )
     shutil.rmtree(_cache, ignore_errors=True)
     _cache.mkdir(parents=True)
     os.environ["TUTORIAL_COMPILE_CACHE_DIR"] = str(_cache)
@@ -41,8 +51,10 @@ import sys as _sys  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
 
 _DEVTOOLS = str(_Path(__file__).resolve().parents[1] / "devtools")
-os.environ["PYTHONPATH"] = os.pathsep.join([_DEVTOOLS] + [p for p in os.environ.get("PYTHONPATH", "").split(
-    os.pathsep) if p and p != _DEVTOOLS])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_DEVTOOLS]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _DEVTOOLS]
+)
 if _DEVTOOLS not in _sys.path:
     _sys.path.insert(0, _DEVTOOLS)
 import run_hooks  # noqa: E402

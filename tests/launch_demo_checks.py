@@ -11,12 +11,24 @@ DEFAULT_STRATEGIES = ("te-allgather", "te-ring")
 
 
 def demo_rows(stdout: str):
-    return [json.loads(line.split("DEMO-RESULT ", 1)[1]) for line in stdout.splitlines() if "DEMO-RESULT " in line]
+    return [
+        json.loads(line.split("DEMO-RESULT ", 1)[1])
+        for line in stdout.splitlines()
+        if "DEMO-RESULT " in line
+    ]
 
 
-def assert_demo_passed(returncode: int, stdout: str, stderr: str, out_dir: Path, *, nprocs: int,
-                       strategies=DEFAULT_STRATEGIES) -> dict:
-    """Every rank ran TE's code (TE-on-CPU) in bf16; outputs and gradients of both strategies match one process.
+def assert_demo_passed(
+    returncode: int,
+    stdout: str,
+    stderr: str,
+    out_dir: Path,
+    *,
+    nprocs: int,
+    strategies=DEFAULT_STRATEGIES,
+) -> dict:
+    """Every rank ran TE's code (TE-on-CPU) in bf16; outputs and gradients of both strategies match
+    one process.
 
     Returns ``{strategy: {baseline: max |err| over all ranks}}`` for the report.
     """
@@ -35,10 +47,14 @@ def assert_demo_passed(returncode: int, stdout: str, stderr: str, out_dir: Path,
             assert set(r["all_ranks"]) == {"reference", "one_process_te"}
             assert r["ok"] and r["worst_ratio_to_tol"] <= 1.0, r
             for baseline in r["all_ranks"].values():
-                assert 0.0 < baseline["max_abs_err"] < BF16_TOL * 4, r  # bf16 rounding is visible, never large
+                assert 0.0 < baseline["max_abs_err"] < BF16_TOL * 4, (
+                    r
+                )  # bf16 rounding is visible, never large
         # one replicated global checksum, equal on every rank, close to the fp32 reference
         assert len({r["checksum"] for r in mine}) == 1
-        assert mine[0]["checksum"] == pytest.approx(mine[0]["reference_checksum"], rel=BF16_TOL, abs=1.0)
+        assert mine[0]["checksum"] == pytest.approx(
+            mine[0]["reference_checksum"], rel=BF16_TOL, abs=1.0
+        )
         assert mine[0]["loss"] == pytest.approx(mine[0]["reference_loss"], rel=BF16_TOL, abs=1.0)
         errors[strategy] = {k: v["max_abs_err"] for k, v in mine[0]["all_ranks"].items()}
     for rank in range(nprocs):

@@ -17,19 +17,28 @@ def main(devices: int, name: str) -> None:
     import nbclient
 
     nb = jupytext.read(ROOT / "notebooks" / f"{name}.md")
-    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    nbclient.NotebookClient(
+        nb,
+        timeout=900,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+    ).execute()
     texts = []
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            texts.append(out.get("text") or out.get("data", {}).get("text/markdown", "")
-                         or out.get("data", {}).get("text/plain", ""))
+            texts.append(
+                out.get("text")
+                or out.get("data", {}).get("text/markdown", "")
+                or out.get("data", {}).get("text/plain", "")
+            )
     print(json.dumps({"devices": devices, "chapter": name, "outputs": texts}))
 
 
 if __name__ == "__main__":
     n = int(sys.argv[1])
     # the site build's flags (conf.py), with this run's device count
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n} --xla_backend_optimization_level=0"
+    os.environ["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={n} --xla_backend_optimization_level=0"
+    )
     os.environ["JAX_PLATFORMS"] = "cpu"
     main(n, sys.argv[2])

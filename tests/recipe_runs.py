@@ -17,7 +17,8 @@ ELSEWHERE = [
     ("thd_ring.py", 2, r"THD Ring, cp=2, stripe=1"),
     ("thd_ring.py", 8, r"THD Ring, cp=8, stripe=1"),
 ]
-# TE's own refusal of THD AllGather through the Flax layer, which the Flax recipe executes and prints
+# TE's own refusal of THD AllGather through the Flax layer, which the Flax recipe executes and
+# prints
 FLAX_REFUSAL = ("AllGather THD through the Flax layer", "Striped load balancing with THD layouts")
 
 
@@ -26,4 +27,6 @@ def check_result_lines(lines, says):
     import re
 
     result = [line for line in lines if re.search(says, line)]
-    assert result and "max |" in result[0], f"no result line for {says!r} with 'max |' in:\n" + "\n".join(lines[-20:])
+    assert result and "max |" in result[0], (
+        f"no result line for {says!r} with 'max |' in:\n" + "\n".join(lines[-20:])
+    )

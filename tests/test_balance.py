@@ -2,30 +2,46 @@
 
 import pytest
 
-from tutorial_utils.pages.balance import balance_layouts, balance_scenarios, balance_table, count_layouts
+from tutorial_utils.pages.balance import (
+    balance_layouts,
+    balance_scenarios,
+    balance_table,
+    count_layouts,
+)
 from tutorial_utils.perfmodel.workcount import count_work
 from tutorial_utils.perfmodel.workload import get_workload
 
 
 def test_layouts_keep_only_stripes_that_divide_the_row():
     assert list(balance_layouts(get_workload("cpu"))) == [
-        "contiguous", "striped 1", "striped 16", "striped 64", "dual-chunk"]
+        "contiguous",
+        "striped 1",
+        "striped 16",
+        "striped 64",
+        "dual-chunk",
+    ]
     # 256 tokens on 8 devices hold whole stripes of 16 but not of 4 x 16 = 64
     assert list(balance_layouts(get_workload("tiny", cp_size=8, stripe_size=16))) == [
-        "contiguous", "striped 1", "striped 16", "dual-chunk"]
+        "contiguous",
+        "striped 1",
+        "striped 16",
+        "dual-chunk",
+    ]
 
 
 def test_scenarios_and_counts():
     wl = get_workload("tiny")
     scenarios = balance_scenarios(wl)
     assert list(scenarios) == ["one long document", "'tiny' workload", "random packing"]
-    for ids, pos, window in scenarios.values():
+    for ids, pos, _window in scenarios.values():
         assert ids.shape == pos.shape and ids.shape[1] == wl.seq_len
     counts = count_layouts(wl, tile=(16, 16))
     one = counts["one long document"]
     assert one["contiguous"].imbalance("allgather") > 1.5 > one["striped 1"].imbalance("allgather")
     ids, pos, window = scenarios["random packing"]
-    direct = count_work(ids, pos, window, cp_size=wl.cp_size, layout="striped", stripe_size=1, tile=(16, 16))
+    direct = count_work(
+        ids, pos, window, cp_size=wl.cp_size, layout="striped", stripe_size=1, tile=(16, 16)
+    )
     assert (counts["random packing"]["striped 1"].pair_matrix == direct.pair_matrix).all()
 
 

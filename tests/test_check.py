@@ -1,4 +1,5 @@
-"""``python -m tutorial_utils.cli.check``: verdict lines, the JSON report, SKIP without real TE, and real failures."""
+"""``python -m tutorial_utils.cli.check``: verdict lines, the JSON report, SKIP without real TE, and
+real failures."""
 
 import json
 import os
@@ -29,20 +30,43 @@ def _env(devices=None, backend="reference"):
 
 @pytest.mark.slow
 def test_check_quick_on_one_cpu_device(tmp_path):
-    """On CPU the te-* checks run TE's own code with the CPU kernel, and say so; at cp=1 no CP check passes.
+    """On CPU the te-* checks run TE's own code with the CPU kernel, and say so; at cp=1 no CP check
+    passes.
 
     (``check`` as typed, with 4 simulated devices and CP at cp=4, is run from a fresh clone by
     tests/test_shown_commands.py: the README shows that command.)
     """
     out = tmp_path / "sub" / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.check", "--quick", "--devices", "1", "--out", str(out)],
-                          env=_env(backend="te-cpu"),
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tutorial_utils.cli.check",
+            "--quick",
+            "--devices",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env=_env(backend="te-cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [l for l in proc.stdout.splitlines() if l and not l.startswith("#") and not l.startswith("check:")]
+    lines = [
+        l
+        for l in proc.stdout.splitlines()
+        if l and not l.startswith("#") and not l.startswith("check:")
+    ]
     assert lines and all(LINE.match(l) for l in lines), lines
     report = json.loads(out.read_text())
-    assert report["ok"] is True and report["real_te"] is False and report["te_backend_kind"] == "te-cpu"
+    assert (
+        report["ok"] is True
+        and report["real_te"] is False
+        and report["te_backend_kind"] == "te-cpu"
+    )
     assert report["summary"]["FAIL"] == 0 and report["summary"]["PASS"] >= 8
     assert report["environment"]["platform"] == "cpu" and report["environment"]["device_count"] == 1
     checks = {c["name"]: c for c in report["checks"]}
@@ -51,10 +75,12 @@ def test_check_quick_on_one_cpu_device(tmp_path):
         if c["name"].startswith("te-cp-"):  # one device: nothing to shard over
             assert c["verdict"] == "SKIP" and "needs >= 2 devices" in c["detail"], c
         else:
-            assert c["verdict"] == "PASS" and c["detail"].endswith("[TE-on-CPU: TE's JAX code, CPU reference kernel "
-                                                                   "in place of cuDNN]"), c
+            assert c["verdict"] == "PASS" and c["detail"].endswith(
+                "[TE-on-CPU: TE's JAX code, CPU reference kernel in place of cuDNN]"
+            ), c
     assert {"te-fused-attn:thd-gqa-swa", "te-emulated-subproblems"} <= set(checks)
-    # one device: no CP to check (SKIP, with the reason), but the 4-rank split computed one rank at a time runs
+    # one device: no CP to check (SKIP, with the reason), but the 4-rank split computed one rank at
+    # a time runs
     for strategy in ("allgather", "ring", "ulysses"):
         assert checks[f"cp-{strategy} (cp=1, cpu)"]["verdict"] == "SKIP"
         assert "at cp=1 nothing is sharded" in checks[f"cp-{strategy} (cp=1, cpu)"]["detail"]
@@ -62,22 +88,33 @@ def test_check_quick_on_one_cpu_device(tmp_path):
     _assert_no_cp_check_passes_at_cp_1(proc.stdout.splitlines())
     assert checks["facade-signatures"]["verdict"] == "PASS"
     assert checks["emulation-descriptors"]["verdict"] == "PASS"
-    assert any(n.startswith("reference-vs-oracle:") and c["verdict"] == "PASS" for n, c in checks.items())
+    assert any(
+        n.startswith("reference-vs-oracle:") and c["verdict"] == "PASS" for n, c in checks.items()
+    )
 
 
 def _assert_no_cp_check_passes_at_cp_1(lines):
-    """No ``cp-*`` / ``te-cp-*`` line passes without sharding; only the emulation (4 ranks, one at a time) may."""
+    """No ``cp-*`` / ``te-cp-*`` line passes without sharding; only the emulation (4 ranks, one at a
+    time) may."""
     cp_pass = [l for l in lines if re.match(r"PASS (te-)?cp-", l)]
     for line in cp_pass:
-        assert "cp=1" not in line and ("4 ranks, one at a time" in line or re.search(r"cp=([2-9]|\d\d)", line)), line
+        assert "cp=1" not in line and (
+            "4 ranks, one at a time" in line or re.search(r"cp=([2-9]|\d\d)", line)
+        ), line
 
 
 def test_no_cp_check_passes_on_one_device():
-    """In-process on one of the suite's devices: every CP check that would run at cp=1 is SKIP with the reason."""
+    """In-process on one of the suite's devices: every CP check that would run at cp=1 is SKIP with
+    the reason."""
     import jax
 
     lines = []
-    for only in ("cp-allgather (", "cp-ring (", "cp-ulysses (", "te-cp-"):  # the emulation runs in the slow CLI test
+    for only in (
+        "cp-allgather (",
+        "cp-ring (",
+        "cp-ulysses (",
+        "te-cp-",
+    ):  # the emulation runs in the slow CLI test
         results, more = _run(quick=True, devices=jax.devices()[:1], only=only, te_plumbing=True)
         lines += more
         assert results and all(r.verdict == "SKIP" for r in results.values()), more
@@ -88,11 +125,14 @@ def test_no_cp_check_passes_on_one_device():
 
 
 def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
-    """check's device set-up: the notebooks' 4 devices by default, --devices N replaces an inherited count."""
+    """check's device set-up: the notebooks' 4 devices by default, --devices N replaces an inherited
+    count."""
     import tutorial_utils.pages.runtime as R
 
     calls = []
-    monkeypatch.setattr(R, "setup_devices", lambda n: calls.append((n, R.os.environ.get("XLA_FLAGS"))))
+    monkeypatch.setattr(
+        R, "setup_devices", lambda n: calls.append((n, R.os.environ.get("XLA_FLAGS")))
+    )
     monkeypatch.setattr(R, "gpu_present", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
     assert C.simulate_cpu_devices(None) == 4 and calls[-1] == (4, "--xla_foo=1")
@@ -104,14 +144,19 @@ def test_simulated_devices_are_set_before_jax_starts(monkeypatch):
 
 
 def test_simulated_devices_reach_jax_although_the_package_imports_it():
-    """``import tutorial_utils`` imports JAX without starting it; the CLI's set-up must still give 4 devices."""
-    code = ("import sys, tutorial_utils.cli.check as C; assert 'jax' in sys.modules; "
-            "from tutorial_utils.gpu import jax_started; assert not jax_started(); "
-            "C.simulate_cpu_devices(None); import jax; print(len(jax.devices()), jax_started())")
+    """``import tutorial_utils`` imports JAX without starting it; the CLI's set-up must still give 4
+    devices."""
+    code = (
+        "import sys, tutorial_utils.cli.check as C; assert 'jax' in sys.modules; "
+        "from tutorial_utils.gpu import jax_started; assert not jax_started(); "
+        "C.simulate_cpu_devices(None); import jax; print(len(jax.devices()), jax_started())"
+    )
     env = _env()
     env.pop("XLA_FLAGS", None)
     env.pop("JAX_PLATFORMS", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["4", "True"]
 
@@ -149,7 +194,8 @@ def test_cp_strategies_on_the_eight_test_devices():
 
 @pytest.mark.slow
 def test_te_plumbing_runs_the_te_comparisons_on_the_reference_facade():
-    """On 4 of the 8 devices: the CP size ``check`` takes by default (cp = 8 runs in the test above)."""
+    """On 4 of the 8 devices: the CP size ``check`` takes by default (cp = 8 runs in the test
+    above)."""
     import jax
 
     results, lines = _run(quick=True, te_plumbing=True, only="te-", devices=jax.devices()[:4])
@@ -205,6 +251,10 @@ def test_cp_workload_for_fits_any_device_count():
 
     for n in (1, 2, 3, 4, 6, 8):
         wl = C.cp_workload_for(n)
-        assert wl.cp_size == n and wl.seq_len % (n * wl.stripe_size) == 0 and wl.slot_len % (n * wl.stripe_size) == 0
+        assert (
+            wl.cp_size == n
+            and wl.seq_len % (n * wl.stripe_size) == 0
+            and wl.slot_len % (n * wl.stripe_size) == 0
+        )
         check_ulysses_heads(wl.num_q_heads, wl.num_kv_heads, n)
         assert wl.window[0] >= n - 1

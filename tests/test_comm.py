@@ -8,19 +8,31 @@ their bytes with comm.comm_volume(..., schedule="reference").
 
 import pytest
 
-from tutorial_utils.perfmodel.comm import comm_for_workload, comm_volume, dtype_bytes, hlo_collective_bytes, ring_step_bytes
+from tutorial_utils.perfmodel.comm import (
+    comm_for_workload,
+    comm_volume,
+    dtype_bytes,
+    hlo_collective_bytes,
+    ring_step_bytes,
+)
 from tutorial_utils.perfmodel.workload import get_workload
 
 SHAPE = dict(batch=2, seq_len=65536, num_q_heads=128, num_kv_heads=8, head_dim=128, cp_size=4)
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def test_seed_allgather_forward_receives_384_mib_of_kv():
     # anchors.md C.4: K+V shard = 128 MiB per rank; the all-gather brings in the other 3 shards.
     vol = comm_volume("allgather", **SHAPE, schedule="reference")
-    kv_fwd = sum(t.total_received for t in vol.transfers if t.phase == "fwd" and t.tensor in ("K", "V"))
+    kv_fwd = sum(
+        t.total_received for t in vol.transfers if t.phase == "fwd" and t.tensor in ("K", "V")
+    )
     assert kv_fwd == 384 * MiB
-    ids_fwd = sum(t.total_received for t in vol.transfers if t.phase == "fwd" and t.tensor.startswith("segment"))
+    ids_fwd = sum(
+        t.total_received
+        for t in vol.transfers
+        if t.phase == "fwd" and t.tensor.startswith("segment")
+    )
     assert ids_fwd == 2 * 3 * 2 * 16384 * 4  # ids + pos, int32, 3 remote shards of [2, 16384]
 
 
@@ -54,8 +66,12 @@ def test_ulysses_moves_q_and_o_so_gqa_makes_it_costlier():
 
 
 def test_volume_scales_with_dtype_and_vanishes_at_cp1():
-    a = comm_volume("ring", **dict(SHAPE, cp_size=4), dtype="float32", id_bytes=4, schedule="reference")
-    b = comm_volume("ring", **dict(SHAPE, cp_size=4), dtype="bfloat16", id_bytes=4, schedule="reference")
+    a = comm_volume(
+        "ring", **dict(SHAPE, cp_size=4), dtype="float32", id_bytes=4, schedule="reference"
+    )
+    b = comm_volume(
+        "ring", **dict(SHAPE, cp_size=4), dtype="bfloat16", id_bytes=4, schedule="reference"
+    )
     kv_a = sum(t.total_sent for t in a.transfers if not t.tensor.startswith("segment"))
     kv_b = sum(t.total_sent for t in b.transfers if not t.tensor.startswith("segment"))
     assert kv_a == 2 * kv_b
@@ -73,13 +89,16 @@ def test_comm_for_workload_uses_the_workload_shapes():
     assert comm_for_workload(wl, "ring").total_sent == comm_volume("ring", **SHAPE).total_sent
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(strategy="tree"), "strategy='tree'"),
-    (dict(strategy="ring", schedule="nccl"), "schedule='nccl'"),
-    (dict(strategy="ring", cp_size=3), "seq_len=65536 is not divisible by cp_size=3"),
-    (dict(strategy="ring", head_dim=0), "head_dim=0"),
-    (dict(strategy="ring", dtype="int4"), "dtype='int4'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(strategy="tree"), "strategy='tree'"),
+        (dict(strategy="ring", schedule="nccl"), "schedule='nccl'"),
+        (dict(strategy="ring", cp_size=3), "seq_len=65536 is not divisible by cp_size=3"),
+        (dict(strategy="ring", head_dim=0), "head_dim=0"),
+        (dict(strategy="ring", dtype="int4"), "dtype='int4'"),
+    ],
+)
 def test_bad_input_names_parameter(kwargs, needle):
     args = dict(SHAPE)
     strategy = kwargs.pop("strategy")
@@ -94,12 +113,27 @@ def test_dtype_bytes():
 
 
 def test_hlo_parser_on_handwritten_lines():
-    text = "\n".join([
-        "  ag = f32[2,256,4,16]{3,2,1,0} all-gather(x), replica_groups={{0,1,2,3}}, dimensions={1}",
-        "  rs = bf16[2,64,4,16]{3,2,1,0} reduce-scatter(y), replica_groups={{0,1,2,3}}, dimensions={1}",
-        "  cp = s32[2,64]{1,0} collective-permute(z), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}",
-        "  a2a = (f32[2,64,2,16]{3,2,1,0}, f32[2,64,2,16]{3,2,1,0}, f32[2,64,2,16]{3,2,1,0}, f32[2,64,2,16]{3,2,1,0}) all-to-all(a, b, c, d), replica_groups={{0,1,2,3}}",
-    ])
+    text = "\n".join(
+        [
+            (
+                "  ag = f32[2,256,4,16]{3,2,1,0} all-gather(x), replica_groups={{0,1,2,3}},"
+                " dimensions={1}"
+            ),
+            (
+                "  rs = bf16[2,64,4,16]{3,2,1,0} reduce-scatter(y), replica_groups={{0,1,2,3}},"
+                " dimensions={1}"
+            ),
+            (
+                "  cp = s32[2,64]{1,0} collective-permute(z),"
+                " source_target_pairs={{0,1},{1,2},{2,3},{3,0}}"
+            ),
+            (
+                "  a2a = (f32[2,64,2,16]{3,2,1,0}, f32[2,64,2,16]{3,2,1,0},"
+                " f32[2,64,2,16]{3,2,1,0}, f32[2,64,2,16]{3,2,1,0}) all-to-all(a, b, c, d),"
+                " replica_groups={{0,1,2,3}}"
+            ),
+        ]
+    )
     got = hlo_collective_bytes(text, 4)
     assert got["all-gather"] == {"count": 1, "bytes": 2 * 256 * 4 * 16 * 4 * 3 // 4}
     assert got["reduce-scatter"] == {"count": 1, "bytes": 3 * 2 * 64 * 4 * 16 * 2}
@@ -117,29 +151,37 @@ HLO_SHAPE = dict(batch=1, seq_len=64, num_q_heads=8, num_kv_heads=4, head_dim=8,
 def _hlo_texts(strategy, dtype_name):
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from tutorial_utils.context_parallel import context_parallel_attention
 
     if len(jax.devices()) < 4:
-        pytest.skip(f"needs 4 devices, JAX sees {len(jax.devices())} (XLA_FLAGS not set before import?)")
+        pytest.skip(
+            f"needs 4 devices, JAX sees {len(jax.devices())} (XLA_FLAGS not set before import?)"
+        )
     mesh = jax.make_mesh((4,), ("cp",))
-    b, s, hq, hkv, d = (HLO_SHAPE[k] for k in ("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim"))
+    b, s, hq, hkv, d = (
+        HLO_SHAPE[k] for k in ("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim")
+    )
     stripe = 2 if strategy == "allgather" else 1
     dtype = getattr(jnp, dtype_name)
 
     def loss(q, k, v, ids, pos):
-        out = context_parallel_attention(q, k, v, ids, pos, mesh=mesh, strategy=strategy, stripe_size=stripe,
-                                         window_size=(8, 0))
+        out = context_parallel_attention(
+            q, k, v, ids, pos, mesh=mesh, strategy=strategy, stripe_size=stripe, window_size=(8, 0)
+        )
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
     x4 = NamedSharding(mesh, P(None, "cp", None, None))
     tok = NamedSharding(mesh, P(None, "cp"))
-    args = (jax.ShapeDtypeStruct((b, s, hq, d), dtype, sharding=x4),
-            jax.ShapeDtypeStruct((b, s, hkv, d), dtype, sharding=x4),
-            jax.ShapeDtypeStruct((b, s, hkv, d), dtype, sharding=x4),
-            jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=tok),
-            jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=tok))
+    args = (
+        jax.ShapeDtypeStruct((b, s, hq, d), dtype, sharding=x4),
+        jax.ShapeDtypeStruct((b, s, hkv, d), dtype, sharding=x4),
+        jax.ShapeDtypeStruct((b, s, hkv, d), dtype, sharding=x4),
+        jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=tok),
+        jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=tok),
+    )
     lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args)
     return lowered
 

@@ -44,7 +44,7 @@ def test_sweep_matches_predict_point_by_point_and_marks_inapplicable_shapes():
     assert sweep["field"] == "window" and sweep["base"] == 8192 and sweep["cp_size"] == 4
     assert sweep["hardware"].startswith("GB200")
     ring = sweep["speedup"][("ring", 1)]
-    assert math.isnan(ring[0])                     # window 2 < cp - 1: TE's Ring cannot run it
+    assert math.isnan(ring[0])  # window 2 < cp - 1: TE's Ring cannot run it
     for i, w in enumerate([2, 512, 8192]):
         wl = SEED.replace(window=(w, 0))
         for key, values in sweep["speedup"].items():
@@ -57,7 +57,7 @@ def test_sweep_matches_predict_point_by_point_and_marks_inapplicable_shapes():
 def test_sweep_over_another_field_and_bad_fields():
     sweep = speedup_sweep("seed", "num_kv_heads", [8, 128], cases=[("allgather", 512)])
     fewer_bytes, more_bytes = sweep["speedup"][("allgather", 512)]
-    assert fewer_bytes > more_bytes                # MHA gathers 16x the K/V bytes
+    assert fewer_bytes > more_bytes  # MHA gathers 16x the K/V bytes
     with pytest.raises(ValueError, match="field='windw'"):
         speedup_sweep("seed", "windw", [1])
     with pytest.raises(ValueError, match="values is empty"):
@@ -70,7 +70,7 @@ def test_break_even_window_is_the_first_window_that_wins(strategy, stripe):
     assert w is not None and w > 0
     assert _speedup(SEED.replace(window=(w, 0)), strategy, stripe) > 1
     assert not _speedup(SEED.replace(window=(w - 1, 0)), strategy, stripe) > 1
-    for wider in (2 * w, 4 * w, 8192):             # and it keeps winning above it
+    for wider in (2 * w, 4 * w, 8192):  # and it keeps winning above it
         assert _speedup(SEED.replace(window=(wider, 0)), strategy, stripe) > 1
 
 
@@ -95,13 +95,19 @@ def test_constant_cp_loss_fits_the_same_times_and_moves_the_break_even():
         assert p.predicted_ms == pytest.approx(pub["mean_ms"], rel=1e-9)
         assert p.breakdown["cp_overhead_ms"] == pytest.approx(const.cp_loss_ms[strategy])
         # away from the published window the constant loss does not shrink with the compute
-        narrow = predict(SEED.replace(window=(256, 0)), strategy, stripe_size=pub["stripe_size"],
-                         calibration=const)
+        narrow = predict(
+            SEED.replace(window=(256, 0)),
+            strategy,
+            stripe_size=pub["stripe_size"],
+            calibration=const,
+        )
         assert narrow.breakdown["cp_overhead_ms"] == pytest.approx(const.cp_loss_ms[strategy])
     assert 0.03 < const.cross_strategy_error < 0.10
     for strategy, stripe in (("ring", 1), ("allgather", 128)):
         w_prop = break_even_window(SEED, strategy, stripe_size=stripe, min_window=16)
-        w_const = break_even_window(SEED, strategy, stripe_size=stripe, min_window=16, calibration=const)
+        w_const = break_even_window(
+            SEED, strategy, stripe_size=stripe, min_window=16, calibration=const
+        )
         assert w_const > 2 * w_prop, (strategy, w_prop, w_const)
     with pytest.raises(ValueError, match=r"cp_loss='fixed' is unknown"):
         fit_calibration(cp_loss="fixed")
@@ -153,8 +159,10 @@ def test_speedup_sweep_draws_each_case_the_break_even_line_and_the_published_poi
     ax = fig.axes[0]
     curves = [line for line in ax.lines if line.get_label().startswith("model prediction")]
     assert len(curves) == 2
-    np.testing.assert_array_equal(curves[0].get_ydata(), sweep["speedup"][("ring", 1)])   # NaN gap kept
-    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.lines)                 # break-even
+    np.testing.assert_array_equal(
+        curves[0].get_ydata(), sweep["speedup"][("ring", 1)]
+    )  # NaN gap kept
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.lines)  # break-even
     stars = np.concatenate([c.get_offsets() for c in ax.collections])
     np.testing.assert_allclose(sorted(stars[:, 1]), sorted(published_points().values()))
     assert set(stars[:, 0]) == {8192}

@@ -41,10 +41,20 @@ def test_cp_override_is_checked(monkeypatch):
 
 
 def _run(devices: int, chapter: str, tmp_path) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS", "CP_TUTORIAL_CP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS", "CP_TUTORIAL_CP")
+    }
     env["CP_TUTORIAL_RECORDS_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_runner.py"), str(devices), chapter],
-                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "notebook_runner.py"), str(devices), chapter],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return "\n".join(json.loads(proc.stdout.strip().splitlines()[-1])["outputs"])
 
@@ -57,7 +67,9 @@ _CI = [("04_striped_load_balancing", 1), ("05a_cp_algorithms", 8), ("05b_te_cp_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter, devices", _ALL if os.environ.get("CP_DEVICE_COUNTS") == "all" else _CI)
+@pytest.mark.parametrize(
+    "chapter, devices", _ALL if os.environ.get("CP_DEVICE_COUNTS") == "all" else _CI
+)
 def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
     text = _run(devices, chapter, tmp_path)
     assert f"devices: {devices} x cpu" in text and f"| cp: {devices} |" in text
@@ -74,13 +86,24 @@ def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
 
 
 def test_facade_refuses_data_reordered_for_another_cp_size():
-    """Eager call with concrete ids/positions: a cp=2 reorder (or none) on a cp=4 mesh raises, naming it."""
+    """Eager call with concrete ids/positions: a cp=2 reorder (or none) on a cp=4 mesh raises,
+    naming it."""
     env = {k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "reorder_mismatch_script.py")], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "reorder_mismatch_script.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "cp4 ok (2, 64, 2, 8)"
-    assert lines[1].startswith("cp 2 -> sequence_descriptor: the segment ids/positions look reordered for "
-                               "cp_size=2, but the mesh's CP axis has 4 devices")
-    assert lines[2].startswith("cp 1 -> sequence_descriptor: the segment ids/positions are not reordered")
+    assert lines[1].startswith(
+        "cp 2 -> sequence_descriptor: the segment ids/positions look reordered for "
+        "cp_size=2, but the mesh's CP axis has 4 devices"
+    )
+    assert lines[2].startswith(
+        "cp 1 -> sequence_descriptor: the segment ids/positions are not reordered"
+    )

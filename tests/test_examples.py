@@ -21,7 +21,6 @@ import subprocess
 import sys
 
 import pytest
-
 from recipe_runs import ELSEWHERE, ON_THE_RECIPES_PAGE, check_result_lines
 from seed_script import extract_code, find_seed
 
@@ -29,19 +28,42 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 RECIPES = sorted(p.name for p in EXAMPLES.glob("*.py"))
 ALLOWED_IMPORTS = {"jax", "numpy", "transformer_engine", "flax", "optax"}
-BANNER = re.compile(r"^te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 \(its JAX code; CPU reference kernel in place of "
-                    r"cuDNN\) on (\d+) simulated CPU devices?; CPU numbers are not GPU numbers$")
+BANNER = re.compile(
+    r"^te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 \(its JAX code; CPU reference kernel in"
+    r" place of "
+    r"cuDNN\) on (\d+) simulated CPU devices?; CPU numbers are not GPU numbers$"
+)
 
 
 def run_script(script, devices, *args, timeout=900):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TUTORIAL_TE_ON_CPU_RUNNER")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "tutorial_utils.te_on_cpu", "--devices", str(devices),
-                           str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "TUTORIAL_TE_ON_CPU_RUNNER")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tutorial_utils.te_on_cpu",
+            "--devices",
+            str(devices),
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def _ok(proc, devices):
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     lines = proc.stdout.splitlines()
     banner = BANNER.match(lines[0])
     assert banner and int(banner.group(1)) == devices, lines[0]
@@ -49,7 +71,7 @@ def _ok(proc, devices):
     return lines[1:]
 
 
-# ----------------------------------------------------------------------------- the recipes are copyable
+# ----------------------------------------------------------------------------- the recipes are copy
 
 
 def test_recipes_are_few_short_and_import_only_jax_numpy_te_flax_optax():
@@ -60,23 +82,32 @@ def test_recipes_are_few_short_and_import_only_jax_numpy_te_flax_optax():
         assert len(source.splitlines()) <= 80, f"{name}: {len(source.splitlines())} lines"
         assert ast.get_docstring(ast.parse(source)), f"{name} says what it shows"
         for node in ast.walk(ast.parse(source)):
-            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                    [node.module] if isinstance(node, ast.ImportFrom) else [])
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for mod in mods:
                 top = mod.split(".")[0]
                 assert top in ALLOWED_IMPORTS or top in stdlib, f"{name} imports {mod}"
                 assert top != "tutorial_utils"
 
 
-# ----------------------------------------------------------------------------- every recipe through the runner
+# ----------------------------------------------------------------------------- every recipe through
 
 # The four-device runs are checked on the site build's executed recipes page (tests/test_site.py,
-# tests/recipe_runs.py): the build already runs each recipe that way, as a subprocess through the runner.
+# tests/recipe_runs.py): the build already runs each recipe that way, as a subprocess through the
+# runner.
 RUNS = ELSEWHERE
 
 
-@pytest.mark.parametrize("recipe, devices, says", RUNS, ids=lambda x: str(x) if not isinstance(x, str) or
-                         x.endswith(".py") else None)
+@pytest.mark.parametrize(
+    "recipe, devices, says",
+    RUNS,
+    ids=lambda x: str(x) if not isinstance(x, str) or x.endswith(".py") else None,
+)
 def test_recipe_runs_standalone_and_matches_one_device(recipe, devices, says):
     assert recipe in RECIPES
     check_result_lines(_ok(run_script(EXAMPLES / recipe, devices), devices), says)
@@ -90,7 +121,7 @@ def test_every_recipe_is_run_somewhere():
         assert f'run("{recipe}")' in page, f"docs/recipes.md no longer runs {recipe}"
 
 
-# ----------------------------------------------------------------------------- the runner's refusals
+# ----------------------------------------------------------------------------- the runner's refusal
 
 
 def _script(tmp_path, name, body):
@@ -100,54 +131,77 @@ def _script(tmp_path, name, body):
 
 
 def test_runner_gives_tes_fp32_refusal_and_names_missing_c_functions(tmp_path):
-    fp32 = _script(tmp_path, "fp32.py", """
+    fp32 = _script(
+        tmp_path,
+        "fp32.py",
+        """
 import jax.numpy as jnp
-from transformer_engine.jax.attention import AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout, fused_attn
+from transformer_engine.jax.attention import AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout,
+fused_attn
 q = jnp.ones((1, 8, 1, 8), jnp.float32)
-fused_attn((q, q, q), None, None, None, AttnBiasType.NO_BIAS, AttnMaskType.CAUSAL_MASK, QKVLayout.BSHD_BSHD_BSHD,
+fused_attn((q, q, q), None, None, None, AttnBiasType.NO_BIAS, AttnMaskType.CAUSAL_MASK,
+QKVLayout.BSHD_BSHD_BSHD,
            AttnSoftmaxType.VANILLA_SOFTMAX, 1.0, 0.0, False)
-""")
+""",
+    )
     proc = run_script(fp32, 1)
     assert proc.returncode != 0 and BANNER.match(proc.stdout.splitlines()[0])
     assert "ValueError: Unsupported backend: qkv dtype kFloat32" in proc.stderr, proc.stderr[-2000:]
     assert "cast q/k/v with .astype(jnp.bfloat16)" in proc.stderr
-    norm = _script(tmp_path, "norm.py", """
+    norm = _script(
+        tmp_path,
+        "norm.py",
+        """
 import jax, jax.numpy as jnp
 from transformer_engine.jax.flax import LayerNorm
 x = jnp.ones((2, 8, 16), jnp.bfloat16)
 LayerNorm().init(jax.random.PRNGKey(0), x)
-""")
+""",
+    )
     proc = run_script(norm, 1)
     assert proc.returncode != 0
-    assert "transformer_engine_jax.get_norm_fwd_workspace_sizes is not implemented by the CPU stand-in" in proc.stderr
+    assert (
+        "transformer_engine_jax.get_norm_fwd_workspace_sizes is not implemented by the CPU stand-in"
+        in proc.stderr
+    )
 
 
 def test_runner_refuses_torch_clearly_and_passes_args_and_exit_status(tmp_path):
-    # a library's probe (importlib.util.find_spec, as JAX's compilation cache does via etils) is not refused
-    probe = "import importlib.util\nimportlib.util.find_spec('tensorflow')\nimportlib.util.find_spec('torch')\n"
+    # a library's probe (importlib.util.find_spec, as JAX's compilation cache does via etils) is not
+    # refused
+    probe = (
+        "import importlib.util\n"
+        "importlib.util.find_spec('tensorflow')\nimportlib.util.find_spec('torch')\n"
+    )
     proc = run_script(_script(tmp_path, "uses_torch.py", probe + "import torch\n"), 2)
     assert proc.returncode == 2 and BANNER.match(proc.stdout.splitlines()[0])
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], "one line, no traceback"
     assert "`import torch`" in proc.stderr and "transformer_engine.jax" in proc.stderr
-    echo = _script(tmp_path, "echo.py", "import sys, jax\nprint(sys.argv[1:], jax.device_count(), __name__)\n"
-                                        "sys.exit(int(sys.argv[-1]))\n")
+    echo = _script(
+        tmp_path,
+        "echo.py",
+        "import sys, jax\nprint(sys.argv[1:], jax.device_count(), __name__)\n"
+        "sys.exit(int(sys.argv[-1]))\n",
+    )
     proc = run_script(echo, 3, "--flag", "7")
     assert proc.returncode == 7 and proc.stdout.splitlines()[1] == "['--flag', '7'] 3 __main__"
     proc = run_script(tmp_path / "missing.py", 2)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
-# ----------------------------------------------------------------------------- TE's published tutorial, unmodified
+# ----------------------------------------------------------------------------- TE's published tutor
 
 
 SEED_CPU_SIZES = {
-    "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 65536, 128, 8, 128":
-        "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 512, 4, 2, 16",
+    "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 65536, 128, 8, 128": (
+        "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 512, 4, 2, 16"
+    ),
     "window_size = (8192, 0)": "window_size = (64, 0)",
     "ag_stripe_size = 512": "ag_stripe_size = 8",
 }
-# two helpers the published page calls but does not show, and a check of both CP cases against one device
-SEED_MAIN = '''
+# two helpers the published page calls but does not show, and a check of both CP cases against one
+# device
+SEED_MAIN = """
 def _single_gpu_grad_fn():
     def loss_fn(qkv_arg, seq_desc_arg, dout_arg):
         out = fused_thd_attention(qkv_arg, seq_desc_arg)
@@ -157,20 +211,26 @@ def _single_gpu_grad_fn():
 
 loss0, grads0 = _single_gpu_grad_fn()((q, k, v), sequence_descriptor, dout)
 out0 = fused_thd_attention((q, k, v), sequence_descriptor)
-for strategy, stripe in ((CPStrategy.RING, ring_stripe_size), (CPStrategy.ALL_GATHER, ag_stripe_size)):
+for strategy, stripe in ((CPStrategy.RING, ring_stripe_size), (CPStrategy.ALL_GATHER,
+ag_stripe_size)):
     result = run_context_parallel_case(strategy, stripe)
     pairs = [(result["output"], out0)] + [(inverse_reorder_from_context_parallel(g, stripe), g0)
                                           for g, g0 in zip(result["grads"], grads0)]
-    errs = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in pairs]
-    print(f"seed {strategy.name} stripe {stripe}: max error out/dq/dk/dv", " ".join(f"{e:.3g}" for e in errs))
+    errs = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in
+    pairs]
+    print(f"seed {strategy.name} stripe {stripe}: max error out/dq/dk/dv", " ".join(f"{e:.3g}" for e
+    in errs))
     assert max(errs) < 0.05, errs
-'''
+"""
 
 
 def test_published_tutorial_script_runs_through_the_runner(tmp_path):
     seed = find_seed(ROOT)
     if seed is None:
-        pytest.skip("the seed tutorial document (../shared/seeds/000_*.txt) is not present beside this checkout")
+        pytest.skip(
+            "the seed tutorial document (../shared/seeds/000_*.txt) is not present beside this"
+            " checkout"
+        )
     code = extract_code(seed.read_text())
     assert "import transformer_engine.jax as te" in code
     for old, new in SEED_CPU_SIZES.items():

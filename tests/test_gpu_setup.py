@@ -16,12 +16,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from gpu_wheels import make_wheel
+
 from tutorial_utils.cli import gpu_setup as G
-from tutorial_utils.perfmodel import records
 from tutorial_utils.cli.bench import build_parser as bench_parser
 from tutorial_utils.cli.check import build_parser as check_parser
+from tutorial_utils.perfmodel import records
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
@@ -43,12 +43,21 @@ def _bundle(d: Path, built: bool = True) -> Path:
         if req.name == "transformer-engine-jax":
             (folder / f"{stem}-{req.version}.tar.gz").write_bytes(b"sdist")
         else:
-            make_wheel(folder / f"{stem}-{req.version}-py3-none-any.whl", stem, req.version, {f"{stem}/x.py": b"1"})
+            make_wheel(
+                folder / f"{stem}-{req.version}-py3-none-any.whl",
+                stem,
+                req.version,
+                {f"{stem}/x.py": b"1"},
+            )
     G.write_manifest(d, 13, "3.12")
     if built:
         (d / G.BUILT).mkdir()
-        make_wheel(d / G.BUILT / "transformer_engine_jax-2.20.2-cp312-cp312-linux_x86_64.whl",
-                   "transformer_engine_jax", "2.20.2", {"transformer_engine_jax.so": b"ext"})
+        make_wheel(
+            d / G.BUILT / "transformer_engine_jax-2.20.2-cp312-cp312-linux_x86_64.whl",
+            "transformer_engine_jax",
+            "2.20.2",
+            {"transformer_engine_jax.so": b"ext"},
+        )
     return d
 
 
@@ -71,9 +80,13 @@ def test_the_bundle_is_pinned_and_carries_what_tes_build_and_import_need():
 
 def test_the_bundle_never_mixes_in_stale_files(tmp_path):
     (tmp_path / "old.whl").write_text("stale")
-    with pytest.raises(SystemExit, match=r"is not empty: bundling into it would pick up stale files"):
+    with pytest.raises(
+        SystemExit, match=r"is not empty: bundling into it would pick up stale files"
+    ):
         G.bundle(tmp_path, 13)
-    with pytest.raises(SystemExit, match=r"holds no manifest.json: --clean empties only a bundle's folder"):
+    with pytest.raises(
+        SystemExit, match=r"holds no manifest.json: --clean empties only a bundle's folder"
+    ):
         G.bundle(tmp_path, 13, clean=True)
     (tmp_path / G.MANIFEST).write_text("{}")
     G._prepare_folder(tmp_path, clean=True)
@@ -82,12 +95,25 @@ def test_the_bundle_never_mixes_in_stale_files(tmp_path):
 
 def test_bundle_dry_run_lists_every_file_for_the_target():
     text = [" ".join(c) for c in G.bundle(Path("b"), 13, "3.12", dry_run=True)]
-    assert any("transformer-engine-cu13==2.20.2" in t and "--only-binary=:all:" in t and "--python-version 3.12" in t
-               for t in text)
+    assert any(
+        "transformer-engine-cu13==2.20.2" in t
+        and "--only-binary=:all:" in t
+        and "--python-version 3.12" in t
+        for t in text
+    )
     assert "fetch-sdist transformer-engine-jax 2.20.2" in text
-    for name in ("nvidia-cudnn-frontend==", "nvidia-nvtx==", "nvidia-curand==", "setuptools==", "packaging=="):
+    for name in (
+        "nvidia-cudnn-frontend==",
+        "nvidia-nvtx==",
+        "nvidia-curand==",
+        "setuptools==",
+        "packaging==",
+    ):
         assert any(name in t for t in text), name
-    assert any("transformer-engine-cu12==2.20.2" in " ".join(c) for c in G.bundle(Path("b"), 12, dry_run=True))
+    assert any(
+        "transformer-engine-cu12==2.20.2" in " ".join(c)
+        for c in G.bundle(Path("b"), 12, dry_run=True)
+    )
 
 
 def test_a_wheel_whose_member_differs_from_its_record_is_refused(tmp_path):
@@ -108,7 +134,10 @@ def test_te_takes_cuda_home_s_nvcc_then_pips_then_the_path(tmp_path):
     pip = _exe(tmp_path / "site" / "nvidia" / "cu13" / "bin" / "nvcc")
     on_path = _exe(tmp_path / "usr" / "bin" / "nvcc")
     sites = [str(tmp_path / "site")]
-    assert G.te_nvcc({"CUDA_HOME": str(tmp_path / "toolkit"), "PATH": str(on_path.parent)}, sites) == home
+    assert (
+        G.te_nvcc({"CUDA_HOME": str(tmp_path / "toolkit"), "PATH": str(on_path.parent)}, sites)
+        == home
+    )
     assert G.te_nvcc({"PATH": str(on_path.parent)}, sites) == pip
     assert G.te_nvcc({"PATH": str(on_path.parent)}, [str(tmp_path / "none")]) == on_path
 
@@ -125,15 +154,23 @@ def test_te_loads_a_system_library_before_pips(tmp_path):
         path.write_bytes(b"")
     purelib = str(tmp_path / "site")
     assert G.te_library(name, {"CUDA_HOME": str(tmp_path / "cuda")}, purelib) == ("system", system)
-    assert G.te_library(name, {f"{name.upper()}_HOME": str(tmp_path / "cuda")}, purelib) == ("system", system)
+    assert G.te_library(name, {f"{name.upper()}_HOME": str(tmp_path / "cuda")}, purelib) == (
+        "system",
+        system,
+    )
     assert G.te_library(name, {}, purelib) == ("pip", pip)
     assert G.te_library(name, {}, str(tmp_path / "elsewhere")) is None
 
 
 def test_cudnn_check_names_the_version_it_found():
-    assert G.check_cudnn(((9, 12, 1), "libcudnn.so.9")) == "cuDNN 9.12.1 (libcudnn.so.9) >= 9.12.0: ok"
-    with pytest.raises(SystemExit, match=r"cuDNN 9\.10\.0 \(/x/libcudnn\.so\.9\) < 9\.12\.0: TransformerEngine 2\.20\.2 "
-                                         r"refuses to import on it"):
+    assert (
+        G.check_cudnn(((9, 12, 1), "libcudnn.so.9")) == "cuDNN 9.12.1 (libcudnn.so.9) >= 9.12.0: ok"
+    )
+    with pytest.raises(
+        SystemExit,
+        match=r"cuDNN 9\.10\.0 \(/x/libcudnn\.so\.9\) < 9\.12\.0: TransformerEngine 2\.20\.2 "
+        r"refuses to import on it",
+    ):
         G.check_cudnn(((9, 10, 0), "/x/libcudnn.so.9"))
     with pytest.raises(SystemExit, match=r"cuDNN not found"):
         G.check_cudnn(found=None)
@@ -156,18 +193,35 @@ def test_cuda_major_follows_jax_and_refuses_a_mixed_node(monkeypatch):
 
 def test_the_build_gets_cudnn_and_nvtx_headers_its_own_wheels_and_a_plain_version(tmp_path):
     site, build_env = tmp_path / "site", tmp_path / "build-env"
-    for header in (site / "nvidia" / "cudnn" / "include" / "cudnn.h",
-                   build_env / "nvidia" / "cu13" / "include" / "nvtx3" / "nvToolsExt.h"):
+    for header in (
+        site / "nvidia" / "cudnn" / "include" / "cudnn.h",
+        build_env / "nvidia" / "cu13" / "include" / "nvtx3" / "nvToolsExt.h",
+    ):
         header.parent.mkdir(parents=True)
         header.write_text("")
-    cmd, env = G.build_command(tmp_path / "src", tmp_path / "out", 3, sites=[str(site)], build_env=build_env,
-                               env={"CPLUS_INCLUDE_PATH": "/opt/other", "PYTHONPATH": "/x"})
-    assert env["CPLUS_INCLUDE_PATH"] == f"{site}/nvidia/cudnn/include:{build_env}/nvidia/cu13/include:/opt/other"
+    cmd, env = G.build_command(
+        tmp_path / "src",
+        tmp_path / "out",
+        3,
+        sites=[str(site)],
+        build_env=build_env,
+        env={"CPLUS_INCLUDE_PATH": "/opt/other", "PYTHONPATH": "/x"},
+    )
+    assert (
+        env["CPLUS_INCLUDE_PATH"]
+        == f"{site}/nvidia/cudnn/include:{build_env}/nvidia/cu13/include:/opt/other"
+    )
     assert env["PYTHONPATH"] == f"{build_env}:/x"  # the pinned setuptools, pybind11, frontend first
-    assert (env["NVTE_FRAMEWORK"], env["NVTE_CUDA_ARCHS"], env["NVTE_BUILD_MAX_JOBS"]) == ("jax", "90", "3")
+    assert (env["NVTE_FRAMEWORK"], env["NVTE_CUDA_ARCHS"], env["NVTE_BUILD_MAX_JOBS"]) == (
+        "jax",
+        "90",
+        "3",
+    )
     assert env["NVTE_NO_LOCAL_VERSION"] == "1"  # in a git checkout TE would append "+<commit>"
     assert "ParallelCompile" in cmd[2] and cmd[-1] == "3"
-    assert G.build_includes(sites=[str(site)]) == f"{site}/nvidia/cudnn/include"  # no nvtx3 found: none added
+    assert (
+        G.build_includes(sites=[str(site)]) == f"{site}/nvidia/cudnn/include"
+    )  # no nvtx3 found: none added
     with pytest.raises(SystemExit, match=r"cudnn.h not found .*pip install nvidia-cudnn-cu13"):
         G.cudnn_include_dir([str(tmp_path / "empty")])
 
@@ -177,8 +231,11 @@ def test_a_wheel_built_from_the_same_sdist_is_kept_and_brought_back(tmp_path):
     d = _bundle(tmp_path / "gpu-bundle")
     wheel = next((d / G.BUILT).glob("*.whl"))
     sdist = next((d / G.BASE).glob("*.tar.gz"))
-    (d / G.BUILT / "built.json").write_text(json.dumps({"wheel": wheel.name, "sha256": G._sha256(wheel),
-                                                         "sdist_sha256": G._sha256(sdist)}))
+    (d / G.BUILT / "built.json").write_text(
+        json.dumps(
+            {"wheel": wheel.name, "sha256": G._sha256(wheel), "sdist_sha256": G._sha256(sdist)}
+        )
+    )
     out = tmp_path / "out"
     start = time.perf_counter()
     assert G.build_extension(d, out=out) == wheel.resolve() and time.perf_counter() - start < 5
@@ -209,10 +266,22 @@ def test_the_install_takes_tes_three_always_and_the_rest_only_when_missing(tmp_p
     monkeypatch.setattr(G, "te_library", lambda name, **kw: None)
     (cmd,) = G.install_commands(d, "python3")
     names = [Path(c).name.split("-")[0] for c in cmd[7:]]
-    assert cmd[:7] == ["python3", "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir"]
+    assert cmd[:7] == [
+        "python3",
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--no-cache-dir",
+    ]
     assert names[:3] == ["transformer_engine", "transformer_engine_cu13", "transformer_engine_jax"]
     assert {"pydantic", "pydantic_core", "nvidia_curand"} <= set(names)
-    assert "packaging" not in names and "setuptools" not in names and "nvidia_cudnn_frontend" not in names
+    assert (
+        "packaging" not in names
+        and "setuptools" not in names
+        and "nvidia_cudnn_frontend" not in names
+    )
     monkeypatch.setattr(G, "te_library", lambda name, **kw: ("pip", Path("/x/libcurand.so.10")))
     assert "nvidia_curand" not in " ".join(G.install_commands(d, "python3")[0])
     shutil.rmtree(d / G.BUILT)
@@ -222,14 +291,24 @@ def test_the_install_takes_tes_three_always_and_the_rest_only_when_missing(tmp_p
 
 def test_the_run_orders_its_steps_and_every_command_is_accepted_by_the_real_clis(tmp_path):
     steps = G.run_commands(Path("gpu-bundle"), tmp_path, "python3")
-    assert [name for name, _, _ in steps] == ["preflight", "verify", "build", "install", "gate", "bench-single",
-                                              "bench-emulated", "check"]
+    assert [name for name, _, _ in steps] == [
+        "preflight",
+        "verify",
+        "build",
+        "install",
+        "gate",
+        "bench-single",
+        "bench-emulated",
+        "check",
+    ]
     for name, _, cmd in steps:
         module, args = cmd[2], cmd[3:]
         if module == "tutorial_utils.cli.gpu_setup":
             G.build_parser().parse_args(args)
             continue
-        parsed = (check_parser() if module == "tutorial_utils.cli.check" else bench_parser()).parse_args(args)
+        parsed = (
+            check_parser() if module == "tutorial_utils.cli.check" else bench_parser()
+        ).parse_args(args)
         assert parsed.force is True  # a second run replaces its report and records
         if name.startswith("bench"):
             assert parsed.preset == "seed" and parsed.out == str(tmp_path)
@@ -237,7 +316,10 @@ def test_the_run_orders_its_steps_and_every_command_is_accepted_by_the_real_clis
             assert parsed.quick is True
     emulated = dict((n, c) for n, _, c in steps)["bench-emulated"]
     assert "single,ring,allgather" in emulated  # the speed-up panel needs the single row
-    assert dict((n, c) for n, _, c in steps)["build"][-2:] == ["--out", str(tmp_path)]  # the wheel comes back
+    assert dict((n, c) for n, _, c in steps)["build"][-2:] == [
+        "--out",
+        str(tmp_path),
+    ]  # the wheel comes back
     with pytest.raises(ValueError, match=r"steps=\['nope'\]"):
         G.run_commands(Path("gpu-bundle"), tmp_path, steps=["nope"])
 
@@ -248,8 +330,10 @@ def _fake_steps(*pairs):
 
 def test_a_killed_step_keeps_its_output_and_the_run_log_is_not_a_record(tmp_path):
     """Output streamed to OUT/gpu-run/<log>.log as it comes; the summary outside the records."""
-    steps = _fake_steps(("check", 1.5, "import time; print('started the check', flush=True); time.sleep(30)"),
-                        ("bench-single", 5, "import os; print('backend', os.environ['TUTORIAL_TE_BACKEND'])"))
+    steps = _fake_steps(
+        ("check", 1.5, "import time; print('started the check', flush=True); time.sleep(30)"),
+        ("bench-single", 5, "import os; print('backend', os.environ['TUTORIAL_TE_BACKEND'])"),
+    )
     start = time.perf_counter()
     summary = G.run(Path("gpu-bundle"), tmp_path, steps=steps, log_name="call5")
     assert time.perf_counter() - start < 15
@@ -257,7 +341,9 @@ def test_a_killed_step_keeps_its_output_and_the_run_log_is_not_a_record(tmp_path
     log = (tmp_path / "gpu-run" / "call5.log").read_text()
     assert "started the check" in log and "= [check] rc=timeout" in log
     assert "backend te" in log  # check and bench run with TUTORIAL_TE_BACKEND=te
-    assert json.loads((tmp_path / "gpu-run" / "call5.json").read_text())["steps"][0]["rc"] == "timeout"
+    assert (
+        json.loads((tmp_path / "gpu-run" / "call5.json").read_text())["steps"][0]["rc"] == "timeout"
+    )
     assert records.read_records(tmp_path) == ([], [])  # nothing in the records folder breaks it
     assert G.run(Path("gpu-bundle"), tmp_path, steps=steps[1:])["ok"] is True  # again, same tree
 
@@ -265,8 +351,10 @@ def test_a_killed_step_keeps_its_output_and_the_run_log_is_not_a_record(tmp_path
 def test_a_timeout_kills_the_whole_process_group(tmp_path):
     """pip's and g++'s children must not go on into the next step."""
     pid_file = tmp_path / "child.pid"
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time;"
+        f" time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
     with open(tmp_path / "log", "w") as log:
         rc, seconds = G.run_step([sys.executable, "-c", code], 2, log)
     assert rc == "timeout" and seconds < 20
@@ -277,8 +365,11 @@ def test_a_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_a_failed_import_gate_stops_the_run_loudly(tmp_path):
-    steps = _fake_steps(("gate", 5, "raise SystemExit('import gate: transformer_engine.jax failed to import: x')"),
-                        ("bench-single", 5, "print('RAN-' + 'BENCH')"), ("check", 5, "print('RAN-' + 'CHECK')"))
+    steps = _fake_steps(
+        ("gate", 5, "raise SystemExit('import gate: transformer_engine.jax failed to import: x')"),
+        ("bench-single", 5, "print('RAN-' + 'BENCH')"),
+        ("check", 5, "print('RAN-' + 'CHECK')"),
+    )
     summary = G.run(Path("gpu-bundle"), tmp_path, steps=steps)
     assert summary["ok"] is False and [s["rc"] for s in summary["steps"]] == [1, None, None]
     assert summary["steps"][1]["note"] == "not run: gate failed"
@@ -287,8 +378,13 @@ def test_a_failed_import_gate_stops_the_run_loudly(tmp_path):
 
 def test_the_import_gate_refuses_a_machine_without_a_gpu():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.gpu_setup", "gate"], capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils.cli.gpu_setup", "gate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("import gate: ")
 
 
@@ -307,42 +403,81 @@ def test_nccl_is_loaded_from_pip_before_te(tmp_path):
 
 def test_make_gpu_targets():
     def make_n(target, *extra):
-        proc = subprocess.run(["make", "--no-print-directory", "-n", target, *extra], cwd=ROOT, capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-n", target, *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    assert make_n("gpu-run", "GPU_OUT=/tmp/out").strip() == (
-        "PYTHONPATH=src python3 -m tutorial_utils.cli.gpu_setup run --bundle gpu-bundle --out /tmp/out")
+    assert (
+        make_n("gpu-run", "GPU_OUT=/tmp/out").strip()
+        == "PYTHONPATH=src python3 -m tutorial_utils.cli.gpu_setup run --bundle gpu-bundle --out"
+        " /tmp/out"
+    )
     assert make_n("gpu-check").strip().endswith("--force")  # a second run replaces the report
     setup = make_n("gpu-setup")
-    for needle in ("build-requirements --cuda", "build-includes", "NVTE_NO_LOCAL_VERSION=1", "--no-build-isolation"):
+    for needle in (
+        "build-requirements --cuda",
+        "build-includes",
+        "NVTE_NO_LOCAL_VERSION=1",
+        "--no-build-isolation",
+    ):
         assert needle in setup, needle
     assert "cmake" not in setup and "ninja" not in setup
     assert "devtools/gpu_carry.py rehearse" in make_n("gpu-rehearse")
-    dry = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.gpu_setup", "run", "--out", "/tmp/out",
-                          "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tutorial_utils.cli.gpu_setup",
+            "run",
+            "--out",
+            "/tmp/out",
+            "--dry-run",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert dry.returncode == 0, dry.stderr
     assert [line.split(",")[0] for line in dry.stdout.splitlines()] == [
-        "+ [preflight", "+ [verify", "+ [build", "+ [install", "+ [gate", "+ [bench-single", "+ [bench-emulated",
-        "+ [check"]
+        "+ [preflight",
+        "+ [verify",
+        "+ [build",
+        "+ [install",
+        "+ [gate",
+        "+ [bench-single",
+        "+ [bench-emulated",
+        "+ [check",
+    ]
 
 
 def test_sdist_link_reads_the_simple_index():
-    page = ('<a href="https://files.example/x/transformer_engine_jax-2.20.1.tar.gz#sha256=' + "a" * 64 + '">old</a>'
-            '<a href="https://files.example/y/transformer_engine_jax-2.20.2.tar.gz#sha256=' + "b" * 64 + '">new</a>')
+    page = (
+        '<a href="https://files.example/x/transformer_engine_jax-2.20.1.tar.gz#sha256='
+        + "a" * 64
+        + '">old</a><a href="https://files.example/y/transformer_engine_jax-2.20.2.tar.gz#sha256='
+        + "b" * 64
+        + '">new</a>'
+    )
     assert G.sdist_link(page, "transformer-engine-jax", "2.20.2") == (
-        "https://files.example/y/transformer_engine_jax-2.20.2.tar.gz", "b" * 64)
+        "https://files.example/y/transformer_engine_jax-2.20.2.tar.gz",
+        "b" * 64,
+    )
     with pytest.raises(SystemExit, match=r"no transformer-engine-jax 2.20.9 sdist"):
         G.sdist_link(page, "transformer-engine-jax", "2.20.9")
-
 
 
 def test_gpu_extras_pin_one_cuda_each_and_leave_te_jax_to_the_no_isolation_build():
     """Finding 11: no jax[cuda12]-only extra, and no transformer-engine[jax] built in isolation."""
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     assert "gpu" not in extras
     for major in (12, 13):
         deps = " ".join(extras[f"gpu-cuda{major}"])
@@ -354,34 +489,57 @@ def _te_dir() -> Path:
     """The installed TE's sources, found without importing it (its import refuses a CPU machine)."""
     import importlib.util
 
-    return Path(next(iter(importlib.util.find_spec("transformer_engine").submodule_search_locations)))
+    return Path(
+        next(iter(importlib.util.find_spec("transformer_engine").submodule_search_locations))
+    )
 
 
 def test_gpu_page_names_only_environment_variables_that_te_or_this_project_reads():
-    """Finding 11: every variable docs/gpu.md names occurs in the installed TE or in this project."""
+    """Finding 11: every variable docs/gpu.md names occurs in the installed TE or in this
+    project."""
     text = (ROOT / "docs" / "gpu.md").read_text()
     names = set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b", text))
     assert "NVTE_CUDA_INCLUDE_PATH" not in names  # read by nothing
     assert {"TUTORIAL_TE_BACKEND", "CPLUS_INCLUDE_PATH", "NVTE_FRAMEWORK"} <= names
     corpus = "".join(p.read_text(errors="replace") for p in _te_dir().rglob("*.py"))
-    corpus += "".join(p.read_text() for p in (ROOT / "src").rglob("*.py")) + (ROOT / "Makefile").read_text()
+    corpus += (
+        "".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
+        + (ROOT / "Makefile").read_text()
+    )
     missing = sorted(n for n in names if n not in corpus)
     assert not missing, f"docs/gpu.md names variables nothing reads: {missing}"
 
 
 def test_gpu_page_covers_both_cudas_both_pythons_and_cudnn_headers():
     text = (ROOT / "docs" / "gpu.md").read_text()
-    for needle in ("CUDA 12", "CUDA 13", "Python 3.11", "Python 3.12", "cudnn.h", "nvtx3/", "nvidia-cudnn-frontend",
-                   "setuptools", "libcurand", "NVTE_NO_LOCAL_VERSION=1", "--python-version 3.11", "--cuda 12",
-                   "pip's `nvcc` wins over a system\ntoolkit unless `CUDA_HOME` is set"):
+    for needle in (
+        "CUDA 12",
+        "CUDA 13",
+        "Python 3.11",
+        "Python 3.12",
+        "cudnn.h",
+        "nvtx3/",
+        "nvidia-cudnn-frontend",
+        "setuptools",
+        "libcurand",
+        "NVTE_NO_LOCAL_VERSION=1",
+        "--python-version 3.11",
+        "--cuda 12",
+        "pip's `nvcc` wins over a system\ntoolkit unless `CUDA_HOME` is set",
+    ):
         assert needle in text, needle
     for gone in ("cmake", "ninja", "64 MiB", "carry plan", "carry-plan", "gpu-carry"):
-        assert gone not in text, gone  # nothing uses the first two; the rest is contributors' (CONTRIBUTING.md)
+        assert gone not in text, (
+            gone
+        )  # nothing uses the first two; the rest is contributors' (CONTRIBUTING.md)
 
 
 def test_gpu_page_states_the_step_limits_the_code_uses():
     text = (ROOT / "docs" / "gpu.md").read_text()
-    stated = {name: int(sec) for name, sec in re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, flags=re.M)}
+    stated = {
+        name: int(sec)
+        for name, sec in re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, flags=re.M)
+    }
     assert stated == G.STEP_SECONDS
 
 

@@ -28,4 +28,7 @@ def test_make_docs_is_the_sphinx_build_the_site_test_runs():
     assert recipe == "$(PYC) $(PY) -m sphinx -b html -W --keep-going -j 1 . _build/html", recipe
     assert re.search(r"^PYC = PYTHONDONTWRITEBYTECODE=$", makefile, re.M)
     site_test = (ROOT / "tests" / "test_site.py").read_text()
-    assert '"-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"' in site_test
+    assert (
+        '"-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"'
+        in site_test
+    )

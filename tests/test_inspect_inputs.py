@@ -4,13 +4,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments
+from tutorial_utils.pages.inspect_inputs import (
+    descriptor_fields,
+    local_rows,
+    named_axes,
+    preset_table,
+    shard_table,
+    token_ranges,
+    wrapped,
+)
 from tutorial_utils.te.attention import SequenceDescriptor
 from tutorial_utils.te.sharding import MeshResource
-from tutorial_utils.pages.inspect_inputs import (descriptor_fields, local_rows, named_axes, preset_table,
-                                                 shard_table, token_ranges, wrapped)
 
 
 @pytest.fixture
@@ -20,11 +28,15 @@ def mesh4():
 
 def test_descriptor_fields_lists_the_filled_pairs_and_their_sharding(mesh4):
     ids, pos = fixed_slot_segments(2, 32, 2, 12)
-    text = descriptor_fields(SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos)))
+    text = descriptor_fields(
+        SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
+    )
     lines = text.splitlines()
     assert lines[0].split() == ["seqlens", "empty"] and lines[1].split() == ["seq_offsets", "empty"]
     assert "segment_ids  q (2, 32)" in text and "kv (2, 32)" in text and "sharded" not in text
-    ids_s, pos_s = jax.device_put((jnp.asarray(ids), jnp.asarray(pos)), NamedSharding(mesh4, P(None, "cp")))
+    ids_s, pos_s = jax.device_put(
+        (jnp.asarray(ids), jnp.asarray(pos)), NamedSharding(mesh4, P(None, "cp"))
+    )
     sharded = descriptor_fields(SequenceDescriptor.from_segment_ids_and_pos(ids_s, pos_s))
     assert sharded.count("q sharded P(None, 'cp')") == 2
 
@@ -37,7 +49,10 @@ def test_descriptor_fields_rejects_other_objects():
 def test_named_axes_shows_where_a_positional_name_lands():
     assert named_axes(MeshResource(cp_resource="cp")) == {"cp_resource": "cp"}
     assert named_axes(MeshResource("cp")) == {"dp_resource": "cp"}
-    assert named_axes(MeshResource(dp_resource="dp", cp_resource="cp")) == {"dp_resource": "dp", "cp_resource": "cp"}
+    assert named_axes(MeshResource(dp_resource="dp", cp_resource="cp")) == {
+        "dp_resource": "dp",
+        "cp_resource": "cp",
+    }
     with pytest.raises(ValueError, match="MeshResource"):
         named_axes(MeshResource)
 
@@ -86,4 +101,6 @@ def test_local_rows_prints_each_devices_slice(mesh4):
 def test_wrapped_folds_and_indents():
     text = wrapped("word " * 40, width=30)
     lines = text.splitlines()
-    assert all(len(line) <= 30 for line in lines) and all(line.startswith("    ") for line in lines[1:])
+    assert all(len(line) <= 30 for line in lines) and all(
+        line.startswith("    ") for line in lines[1:]
+    )

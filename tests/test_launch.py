@@ -1,4 +1,5 @@
-"""Multi-process launch on 127.0.0.1 with gloo CPU collectives: results, a dead rank, a missing rank.
+"""Multi-process launch on 127.0.0.1 with gloo CPU collectives: results, a dead rank, a missing
+rank.
 
 The multi-process tests start real processes (one CPU device each); they are marked slow.
 Each subprocess gets a clean environment: the test suite's XLA_FLAGS (8 simulated devices)
@@ -17,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_run import exit_status_and_stderr
 from launch_demo_checks import assert_demo_passed
+
 from tutorial_utils.cli import launch as L
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,30 +38,54 @@ def _env():
 
 def _launch(*args, timeout=170):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tutorial_utils.cli.launch", *args], env=_env(), capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils.cli.launch", *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     return proc, time.monotonic() - t0
 
 
 def _rank_lines(stdout: str, rank: int):
     prefix = f"[rank {rank}] "
-    return [line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix)]
+    return [line[len(prefix) :] for line in stdout.splitlines() if line.startswith(prefix)]
 
 
 # ----------------------------------------------------------------------------- fast unit tests
 
 
 def test_child_env_replaces_the_device_count_and_sets_the_coordinator():
-    base = {"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=4", "SLURM_JOB_ID": "7", "PATH": "/bin"}
-    env = L.child_env(2, 4, 12345, platform="cpu", init_timeout=20, heartbeat_timeout=10, shutdown_timeout=10, base=base)
+    base = {
+        "XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=4",
+        "SLURM_JOB_ID": "7",
+        "PATH": "/bin",
+    }
+    env = L.child_env(
+        2,
+        4,
+        12345,
+        platform="cpu",
+        init_timeout=20,
+        heartbeat_timeout=10,
+        shutdown_timeout=10,
+        base=base,
+    )
     assert env["COORDINATOR_ADDRESS"] == "127.0.0.1:12345"
     assert (env["NUM_PROCESSES"], env["PROCESS_ID"]) == ("4", "2")
     assert env["JAX_PLATFORMS"] == "cpu"
     assert env["XLA_FLAGS"].count("xla_force_host_platform_device_count") == 1
-    assert "--xla_force_host_platform_device_count=1" in env["XLA_FLAGS"] and "--xla_foo=1" in env["XLA_FLAGS"]
+    assert (
+        "--xla_force_host_platform_device_count=1" in env["XLA_FLAGS"]
+        and "--xla_foo=1" in env["XLA_FLAGS"]
+    )
     assert "SLURM_JOB_ID" not in env
     assert env["CP_LAUNCH_INIT_TIMEOUT"] == "20" and env["CP_LAUNCH_HEARTBEAT_TIMEOUT"] == "10"
-    gpu = L.child_env(3, 4, 1, platform="gpu", init_timeout=20, heartbeat_timeout=10, shutdown_timeout=10, base={})
+    gpu = L.child_env(
+        3, 4, 1, platform="gpu", init_timeout=20, heartbeat_timeout=10, shutdown_timeout=10, base={}
+    )
     assert gpu["CP_LAUNCH_LOCAL_DEVICE_IDS"] == "3" and "JAX_PLATFORMS" not in gpu
 
 
@@ -74,7 +99,13 @@ def test_target_argv_module_or_script(tmp_path):
 
 
 def test_initialize_without_settings_runs_alone(monkeypatch):
-    for var in ("COORDINATOR_ADDRESS", "NUM_PROCESSES", "PROCESS_ID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE"):
+    for var in (
+        "COORDINATOR_ADDRESS",
+        "NUM_PROCESSES",
+        "PROCESS_ID",
+        "SLURM_JOB_ID",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
         monkeypatch.delenv(var, raising=False)
     info = L.initialize()
     assert info["distributed"] is False and info["num_processes"] == 1
@@ -88,16 +119,22 @@ def test_initialize_rejects_partial_settings(monkeypatch):
         L.initialize()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--demo"], "-n/--nprocs"),
-    (["-n", "4"], "nothing to launch"),
-    (["-n", "4", "--demo", "--skip-rank", "5"], "--skip-rank"),
-    (["-n", "4", "--demo", "--fail-rank", "4"], "--fail-rank"),
-    (["-n", "0", "--demo"], "-n/--nprocs"),
-    (["-n", "2", "--demo", "--strategies", "zigzag"], "--strategies"),
-    (["-n", "2", "--demo", "--dtype", "float32"], "--dtype: float32 with backend 'auto'"),
-    (["-n", "2", "--demo", "--dtype", "float32", "--backend", "te-cpu"], "add --backend reference"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--demo"], "-n/--nprocs"),
+        (["-n", "4"], "nothing to launch"),
+        (["-n", "4", "--demo", "--skip-rank", "5"], "--skip-rank"),
+        (["-n", "4", "--demo", "--fail-rank", "4"], "--fail-rank"),
+        (["-n", "0", "--demo"], "-n/--nprocs"),
+        (["-n", "2", "--demo", "--strategies", "zigzag"], "--strategies"),
+        (["-n", "2", "--demo", "--dtype", "float32"], "--dtype: float32 with backend 'auto'"),
+        (
+            ["-n", "2", "--demo", "--dtype", "float32", "--backend", "te-cpu"],
+            "add --backend reference",
+        ),
+    ],
+)
 def test_cli_errors_name_the_parameter(args, needle, capsys, monkeypatch):
     monkeypatch.delenv("TUTORIAL_TE_BACKEND", raising=False)  # the default backend, as _env() gives
     monkeypatch.setattr(L, "launch", lambda *a, **k: pytest.fail(f"{args} started processes"))
@@ -107,7 +144,8 @@ def test_cli_errors_name_the_parameter(args, needle, capsys, monkeypatch):
 
 
 def test_the_backend_option_reaches_every_rank(monkeypatch):
-    """``--backend reference`` (with fp32) stays available: the ranks get TUTORIAL_TE_BACKEND=reference."""
+    """``--backend reference`` (with fp32) stays available: the ranks get
+    TUTORIAL_TE_BACKEND=reference."""
     seen = {}
 
     def fake_launch(nprocs, target, **kw):
@@ -115,11 +153,31 @@ def test_the_backend_option_reaches_every_rank(monkeypatch):
         return L.LaunchResult(0, {}, None, "OK", 0.0, {})
 
     monkeypatch.setattr(L, "launch", fake_launch)
-    assert L.main(["-n", "2", "--demo", "--backend", "reference", "--dtype", "float32", "--strategies", "ring"]) == 0
+    assert (
+        L.main(
+            [
+                "-n",
+                "2",
+                "--demo",
+                "--backend",
+                "reference",
+                "--dtype",
+                "float32",
+                "--strategies",
+                "ring",
+            ]
+        )
+        == 0
+    )
     assert seen["base_env"]["TUTORIAL_TE_BACKEND"] == "reference"
     assert seen["target"][:2] == ["tutorial_utils.cli.launch", "--worker-demo"]
-    assert "--dtype" in seen["target"] and seen["target"][seen["target"].index("--dtype") + 1] == "float32"
-    assert L.main(["-n", "2", "--demo"]) == 0  # default: inherited backend, bf16, TE's AllGather and Ring
+    assert (
+        "--dtype" in seen["target"]
+        and seen["target"][seen["target"].index("--dtype") + 1] == "float32"
+    )
+    assert (
+        L.main(["-n", "2", "--demo"]) == 0
+    )  # default: inherited backend, bf16, TE's AllGather and Ring
     assert seen["base_env"] is None
     assert seen["target"][seen["target"].index("--strategies") + 1] == "te-allgather,te-ring"
     assert seen["target"][seen["target"].index("--dtype") + 1] == "bfloat16"
@@ -130,8 +188,11 @@ def test_the_backend_option_reaches_every_rank(monkeypatch):
 
 @pytest.mark.slow
 def test_two_processes_run_te_s_allgather_and_ring_like_one_process(tmp_path):
-    """The default demo on the default backend: TE's code in every process, bf16, both strategies in one launch."""
-    proc, wall = _launch("-n", "2", "--timeout", "280", "--demo", "--out", str(tmp_path), timeout=300)
+    """The default demo on the default backend: TE's code in every process, bf16, both strategies in
+    one launch."""
+    proc, wall = _launch(
+        "-n", "2", "--timeout", "280", "--demo", "--out", str(tmp_path), timeout=300
+    )
     assert_demo_passed(proc.returncode, proc.stdout, proc.stderr, tmp_path, nprocs=2)
     print(f"2-process demo: {wall:.1f} s")
 
@@ -139,8 +200,23 @@ def test_two_processes_run_te_s_allgather_and_ring_like_one_process(tmp_path):
 @pytest.mark.slow
 def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
     # --on-failure wait: the launcher does not stop the others; JAX's coordination service must.
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "2",
-                         "--on-failure", "wait", "--heartbeat-timeout", "5", "--init-timeout", "40")
+    proc, wall = _launch(
+        "-n",
+        "4",
+        "--timeout",
+        "110",
+        "--demo",
+        "--strategies",
+        "te-ring",
+        "--fail-rank",
+        "2",
+        "--on-failure",
+        "wait",
+        "--heartbeat-timeout",
+        "5",
+        "--init-timeout",
+        "40",
+    )
     assert proc.returncode != 0
     assert wall < BOUND_S
     assert "rank 2 failed first" in proc.stderr
@@ -156,7 +232,9 @@ def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
 
 @pytest.mark.slow
 def test_the_launcher_stops_the_others_at_the_first_failure():
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "1")
+    proc, wall = _launch(
+        "-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "1"
+    )
     assert proc.returncode == 1
     assert wall < 60
     assert "rank 1 failed first (exit code 1)" in proc.stderr
@@ -165,8 +243,21 @@ def test_the_launcher_stops_the_others_at_the_first_failure():
 
 @pytest.mark.slow
 def test_a_rank_that_never_starts_makes_initialization_time_out():
-    proc, wall = _launch("-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--skip-rank", "3",
-                         "--init-timeout", "6", "--on-failure", "wait")
+    proc, wall = _launch(
+        "-n",
+        "4",
+        "--timeout",
+        "110",
+        "--demo",
+        "--strategies",
+        "te-ring",
+        "--skip-rank",
+        "3",
+        "--init-timeout",
+        "6",
+        "--on-failure",
+        "wait",
+    )
     assert proc.returncode == L.EXIT_INIT_TIMEOUT
     assert wall < 60
     assert "rank 3 is deliberately not started" in proc.stderr

@@ -14,13 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from test_reference import np_attention, np_visible
+
 from tutorial_utils import te_on_cpu
 from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.reference import MaskSpec, blockwise_attention
-from tutorial_utils.reorder import ReorderStrategy, inverse_reorder_causal_load_balancing, reorder_causal_load_balancing
+from tutorial_utils.reorder import (
+    ReorderStrategy,
+    inverse_reorder_causal_load_balancing,
+    reorder_causal_load_balancing,
+)
 
 S, CP = 32, 4
 IDS = np.array([[1] * 10 + [0] * 2 + [2] * 12 + [0] * 8], np.int32)
@@ -42,8 +47,10 @@ CASES = [
 def _inputs(case):
     _, tensor, token, value = case
     ks = jax.random.split(jax.random.PRNGKey(7), 4)
-    q, k, v, dout = (np.array(jax.random.normal(key, (1, S, h, 8)), np.float32)
-                     for key, h in zip(ks, (2, 1, 1, 2)))
+    q, k, v, dout = (
+        np.array(jax.random.normal(key, (1, S, h, 8)), np.float32)
+        for key, h in zip(ks, (2, 1, 1, 2))
+    )
     arrays = {"q": q, "k": k, "v": v}
     arrays[tensor][0, token, 0, 0] = value
     return arrays["q"], arrays["k"], arrays["v"], dout
@@ -69,22 +76,33 @@ def _check(case, out, grads, what):
     nan_rows = set(np.nonzero(np.isnan(out).any(axis=(1, 2)))[0].tolist())
     assert nan_rows == bad_rows, f"{what}: NaN rows {sorted(nan_rows)}, expected {sorted(bad_rows)}"
     ok = [i for i in range(S) if i not in bad_rows]
-    np.testing.assert_allclose(out[ok], want[0][ok], atol=2e-5, rtol=2e-5, err_msg=f"{what}: unaffected rows")
+    np.testing.assert_allclose(
+        out[ok], want[0][ok], atol=2e-5, rtol=2e-5, err_msg=f"{what}: unaffected rows"
+    )
     assert np.all(out[IDS[0] == 0] == 0.0), f"{what}: padding rows must stay exactly 0"
     dq, dk, dv = (np.asarray(g, np.float32)[0] for g in grads)
     dq_nan = set(np.nonzero(np.isnan(dq).any(axis=(1, 2)))[0].tolist())
     assert dq_nan == bad_rows, f"{what}: dQ NaN rows {sorted(dq_nan)}, expected {sorted(bad_rows)}"
     for name, g in (("dK", dk), ("dV", dv)):
         nan_keys = set(np.nonzero(np.isnan(g).any(axis=(1, 2)))[0].tolist())
-        assert nan_keys <= may_keys, f"{what}: {name} NaN at keys {sorted(nan_keys - may_keys)} no NaN row sees"
-    assert np.all(dq[IDS[0] == 0] == 0) and np.all(dk[IDS[0] == 0] == 0) and np.all(dv[IDS[0] == 0] == 0)
+        assert nan_keys <= may_keys, (
+            f"{what}: {name} NaN at keys {sorted(nan_keys - may_keys)} no NaN row sees"
+        )
+    assert (
+        np.all(dq[IDS[0] == 0] == 0)
+        and np.all(dk[IDS[0] == 0] == 0)
+        and np.all(dv[IDS[0] == 0] == 0)
+    )
 
 
 def _fwd_bwd(fn, q, k, v, dout, valid=IDS > 0):
-    """Outputs and gradients of ``sum(out * dout)`` over valid (non-padding) rows, in ``valid``'s order."""
+    """Outputs and gradients of ``sum(out * dout)`` over valid (non-padding) rows, in ``valid``'s
+    order."""
+
     def loss(q, k, v):
         out = fn(q, k, v)
         return jnp.sum(jnp.where(jnp.asarray(valid)[..., None, None], out * dout, 0.0)), out
+
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
     return out, grads
 
@@ -95,7 +113,10 @@ def test_blockwise_single_device(case):
     ids, pos = jnp.asarray(IDS), jnp.asarray(POS)
 
     def fn(q, k, v):
-        return blockwise_attention(q, k, v, ids, ids, pos, pos, scale=0.5, spec=MaskSpec(), block_q=8, block_kv=8)[0]
+        return blockwise_attention(
+            q, k, v, ids, ids, pos, pos, scale=0.5, spec=MaskSpec(), block_q=8, block_kv=8
+        )[0]
+
     _check(case, *_fwd_bwd(fn, q, k, v, dout), "blockwise")
 
 
@@ -104,14 +125,25 @@ def _striped(x, cp=CP, stripe=1, inverse=False):
     return fn(x, ReorderStrategy.Striped, cp, 1, stripe)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference_cp_step(strategy):
     mesh = Mesh(np.array(jax.devices()[:CP]), ("cp",))
     ids, pos = _striped(jnp.asarray(IDS)), _striped(jnp.asarray(POS))
 
     def fn(q, k, v):
-        return context_parallel_attention(q, k, v, ids, pos, mesh=mesh, strategy=strategy, stripe_size=1,
-                                          load_balanced=True, scaling_factor=0.5)
+        return context_parallel_attention(
+            q,
+            k,
+            v,
+            ids,
+            pos,
+            mesh=mesh,
+            strategy=strategy,
+            stripe_size=1,
+            load_balanced=True,
+            scaling_factor=0.5,
+        )
+
     valid = _striped(jnp.asarray(IDS > 0))
     return jax.jit(lambda q, k, v, dout: _fwd_bwd(fn, q, k, v, dout, valid=valid))
 
@@ -120,7 +152,12 @@ def _reference_cp_step(strategy):
 @pytest.mark.parametrize("case", CASES[1:6], ids=[c[0] for c in CASES[1:6]])
 def test_reference_context_parallel(case, strategy):
     out, grads = _reference_cp_step(strategy)(*(_striped(jnp.asarray(x)) for x in _inputs(case)))
-    _check(case, _striped(out, inverse=True), tuple(_striped(g, inverse=True) for g in grads), f"reference {strategy}")
+    _check(
+        case,
+        _striped(out, inverse=True),
+        tuple(_striped(g, inverse=True) for g in grads),
+        f"reference {strategy}",
+    )
 
 
 TE = te_on_cpu.install()
@@ -131,34 +168,60 @@ from transformer_engine.jax.sharding import MeshResource  # noqa: E402
 def _te_fn(cp, strategy):
     kw = {}
     if cp > 1:
-        kw = dict(context_parallel_strategy=A.CPStrategy.RING if strategy == "ring" else A.CPStrategy.ALL_GATHER,
-                  context_parallel_causal_load_balanced=True, context_parallel_axis="cp", stripe_size=1)
+        kw = dict(
+            context_parallel_strategy=(
+                A.CPStrategy.RING if strategy == "ring" else A.CPStrategy.ALL_GATHER
+            ),
+            context_parallel_causal_load_balanced=True,
+            context_parallel_axis="cp",
+            stripe_size=1,
+        )
 
     def fn(q, k, v, ids, pos):
-        return A.fused_attn((q, k, v), None, A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos), None,
-                            A.AttnBiasType.NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK, A.QKVLayout.THD_THD_THD,
-                            A.AttnSoftmaxType.VANILLA_SOFTMAX, 0.5, 0.0, True, max_segments_per_seq=2, **kw)
+        return A.fused_attn(
+            (q, k, v),
+            None,
+            A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos),
+            None,
+            A.AttnBiasType.NO_BIAS,
+            A.AttnMaskType.PADDING_CAUSAL_MASK,
+            A.QKVLayout.THD_THD_THD,
+            A.AttnSoftmaxType.VANILLA_SOFTMAX,
+            0.5,
+            0.0,
+            True,
+            max_segments_per_seq=2,
+            **kw,
+        )
+
     return fn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _te_step(cp, strategy):
     fn = _te_fn(cp, strategy)
     if cp == 1:
         ids, pos = jnp.asarray(IDS), jnp.asarray(POS)
-        step = jax.jit(lambda q, k, v, dout: _fwd_bwd(lambda a, b, c: fn(a, b, c, ids, pos), q, k, v, dout))
+        step = jax.jit(
+            lambda q, k, v, dout: _fwd_bwd(lambda a, b, c: fn(a, b, c, ids, pos), q, k, v, dout)
+        )
         return lambda *arrays: step(*(jnp.asarray(x) for x in arrays))
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
     sh = NamedSharding(mesh, P(None, "cp"))
     valid = _striped(jnp.asarray(IDS > 0))
-    step = jax.jit(lambda q, k, v, dout, ids, pos: _fwd_bwd(lambda a, b, c: fn(a, b, c, ids, pos), q, k, v, dout,
-                                                           valid=valid), in_shardings=(sh,) * 6)
+    step = jax.jit(
+        lambda q, k, v, dout, ids, pos: _fwd_bwd(
+            lambda a, b, c: fn(a, b, c, ids, pos), q, k, v, dout, valid=valid
+        ),
+        in_shardings=(sh,) * 6,
+    )
 
     def call(q, k, v, dout):
         args = [jax.device_put(_striped(jnp.asarray(x)), sh) for x in (q, k, v, dout, IDS, POS)]
         with jax.set_mesh(mesh), TE.autocast(mesh_resource=MeshResource(cp_resource="cp")):
             out, grads = step(*args)
         return _striped(out, inverse=True), tuple(_striped(g, inverse=True) for g in grads)
+
     return call
 
 

@@ -13,20 +13,24 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
-from tutorial_utils.pages import plots  # noqa: E402
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments  # noqa: E402
+from tutorial_utils.pages import plots  # noqa: E402
 from tutorial_utils.perfmodel.workcount import count_work, local_token_order  # noqa: E402
 
-
-MIN_FONT_PT = 9  # the smallest text any figure may draw (titles, labels, ticks, legends, annotations)
+MIN_FONT_PT = (
+    9  # the smallest text any figure may draw (titles, labels, ticks, legends, annotations)
+)
 
 
 def small_texts(fig):
     """Visible, non-empty text artists of ``fig`` drawn below ``MIN_FONT_PT``."""
     from matplotlib.text import Text
 
-    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
-            if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_PT]
+    return [
+        (t.get_text(), t.get_fontsize())
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_PT
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -74,10 +78,24 @@ def test_ids_and_positions_shows_ids_image_and_position_lines(small):
 @pytest.mark.parametrize(
     "kwargs, name",
     [
-        (dict(segment_ids=np.zeros((1, 4), np.int32), segment_pos=np.zeros((1, 5), np.int32)), "segment_pos"),
-        (dict(segment_ids=np.zeros((1, 4), np.float32), segment_pos=np.zeros((1, 4), np.int32)), "segment_ids"),
-        (dict(segment_ids=-np.ones((1, 4), np.int32), segment_pos=np.zeros((1, 4), np.int32)), "segment_ids"),
-        (dict(segment_ids=np.ones((2, 4), np.int32), segment_pos=np.zeros((2, 4), np.int32), row=2), "row"),
+        (
+            dict(segment_ids=np.zeros((1, 4), np.int32), segment_pos=np.zeros((1, 5), np.int32)),
+            "segment_pos",
+        ),
+        (
+            dict(segment_ids=np.zeros((1, 4), np.float32), segment_pos=np.zeros((1, 4), np.int32)),
+            "segment_ids",
+        ),
+        (
+            dict(segment_ids=-np.ones((1, 4), np.int32), segment_pos=np.zeros((1, 4), np.int32)),
+            "segment_ids",
+        ),
+        (
+            dict(
+                segment_ids=np.ones((2, 4), np.int32), segment_pos=np.zeros((2, 4), np.int32), row=2
+            ),
+            "row",
+        ),
     ],
 )
 def test_ids_and_positions_rejects_bad_input(kwargs, name):
@@ -98,7 +116,9 @@ def test_attention_mask_final_panel_is_the_visibility_matrix(small, window):
     expected = _brute_visible(ids[0], pos[0], window[0])
     np.testing.assert_array_equal(shown, expected)
     # visible pairs are coloured by their segment id
-    np.testing.assert_array_equal(np.asarray(data)[expected], np.broadcast_to(ids[0][:, None], expected.shape)[expected])
+    np.testing.assert_array_equal(
+        np.asarray(data)[expected], np.broadcast_to(ids[0][:, None], expected.shape)[expected]
+    )
     assert str(int(expected.sum())) in fig.axes[3].get_title()
 
 
@@ -128,8 +148,15 @@ def test_gqa_mapping_draws_one_line_per_query_head_to_its_kv_head():
     assert sum(isinstance(p, Rectangle) for p in ax.patches) == 16 + 4
 
 
-@pytest.mark.parametrize("args, name", [((16, 5), "num_kv_heads"), ((0, 1), "num_q_heads"), ((8, 0), "num_kv_heads"),
-                                        ((128, 8), "num_q_heads")])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((16, 5), "num_kv_heads"),
+        ((0, 1), "num_q_heads"),
+        ((8, 0), "num_kv_heads"),
+        ((128, 8), "num_q_heads"),
+    ],
+)
 def test_gqa_mapping_rejects_bad_heads(args, name):
     with pytest.raises(ValueError, match=name):
         plots.plot_gqa_mapping(*args)
@@ -144,12 +171,16 @@ def test_token_ownership_matches_te_layouts():
     owners = np.asarray(fig.axes[0].images[0].get_array())
     assert owners.shape == (4, 16)
     np.testing.assert_array_equal(owners[0], np.repeat(np.arange(4), 4))
-    np.testing.assert_array_equal(owners[1], np.tile(np.arange(4), 4))  # stripe 1: token t on rank t % 4
+    np.testing.assert_array_equal(
+        owners[1], np.tile(np.arange(4), 4)
+    )  # stripe 1: token t on rank t % 4
     # TE's worked example, stripe 2: rank0 holds 0,1,8,9
     assert set(np.nonzero(owners[2] == 0)[0]) == {0, 1, 8, 9}
     # dual chunk, cp=4: rank0 holds 0,1,14,15
     assert set(np.nonzero(owners[3] == 0)[0]) == {0, 1, 14, 15}
-    for i, (layout, stripe) in enumerate([("contiguous", 1), ("striped", 1), ("striped", 2), ("dual_chunk", 1)]):
+    for i, (layout, stripe) in enumerate(
+        [("contiguous", 1), ("striped", 1), ("striped", 2), ("dual_chunk", 1)]
+    ):
         order = local_token_order(16, 4, layout, stripe)
         for r in range(4):
             assert (owners[i, order[r]] == r).all()
@@ -206,8 +237,14 @@ def test_per_token_rejects_bad_input(small):
 
 def test_rank_work_panels_and_relative_totals():
     ids, pos = fixed_slot_segments(1, 256, 1, 256)
-    mats = {layout: count_work(ids, pos, (-1, 0), cp_size=4, layout=layout, stripe_size=1, tile=None).pair_matrix
-            for layout in ("contiguous", "striped")}
+    mats = {
+        layout: (
+            count_work(
+                ids, pos, (-1, 0), cp_size=4, layout=layout, stripe_size=1, tile=None
+            ).pair_matrix
+        )
+        for layout in ("contiguous", "striped")
+    }
     fig = plots.plot_rank_work(mats)
     assert len(fig.axes) == 3
     np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), mats["contiguous"])
@@ -221,9 +258,21 @@ def test_rank_work_panels_and_relative_totals():
 
 def test_rank_work_wraps_many_layouts_into_rows_of_three():
     ids, pos = fixed_slot_segments(1, 256, 1, 256)
-    layouts = [("contiguous", 1), ("striped", 1), ("striped", 4), ("striped", 16), ("dual_chunk", 1)]
-    mats = {f"{lay} {st}": count_work(ids, pos, (-1, 0), cp_size=4, layout=lay, stripe_size=st, tile=None).pair_matrix
-            for lay, st in layouts}
+    layouts = [
+        ("contiguous", 1),
+        ("striped", 1),
+        ("striped", 4),
+        ("striped", 16),
+        ("dual_chunk", 1),
+    ]
+    mats = {
+        f"{lay} {st}": (
+            count_work(
+                ids, pos, (-1, 0), cp_size=4, layout=lay, stripe_size=st, tile=None
+            ).pair_matrix
+        )
+        for lay, st in layouts
+    }
     fig = plots.plot_rank_work(mats)
     assert len(fig.axes) == len(mats) + 1
     heat = fig.axes[:-1]
@@ -253,7 +302,13 @@ def test_heatmap_text_colour_follows_cell_brightness():
 
 @pytest.mark.parametrize(
     "arg",
-    [{}, [np.eye(2)], {"a": np.ones((2, 3))}, {"a": -np.ones((2, 2))}, {"a": np.ones((2, 2)), "b": np.ones((3, 3))}],
+    [
+        {},
+        [np.eye(2)],
+        {"a": np.ones((2, 3))},
+        {"a": -np.ones((2, 2))},
+        {"a": np.ones((2, 2)), "b": np.ones((3, 3))},
+    ],
 )
 def test_rank_work_rejects_bad_input(arg):
     with pytest.raises(ValueError, match="pair_matrices"):
@@ -263,9 +318,15 @@ def test_rank_work_rejects_bad_input(arg):
 # ----------------------------------------------------------------------------- communication
 
 
-@pytest.mark.parametrize("strategy, schedule, panels, arrows",
-                         [("ring", "te", 3, 4), ("allgather", "te", 3, 12), ("allgather", "reference", 2, 12),
-                          ("ulysses", "te", 2, 12)])
+@pytest.mark.parametrize(
+    "strategy, schedule, panels, arrows",
+    [
+        ("ring", "te", 3, 4),
+        ("allgather", "te", 3, 12),
+        ("allgather", "reference", 2, 12),
+        ("ulysses", "te", 2, 12),
+    ],
+)
 def test_comm_steps_arrows_per_panel(strategy, schedule, panels, arrows):
     fig = plots.plot_comm_steps(strategy, 4, schedule=schedule)
     assert len(fig.axes) == panels
@@ -274,11 +335,20 @@ def test_comm_steps_arrows_per_panel(strategy, schedule, panels, arrows):
 
 
 def test_comm_steps_allgather_panels_follow_the_byte_accounting():
-    """The diagram draws one panel per collective that tutorial_utils.perfmodel.comm counts, in order."""
+    """The diagram draws one panel per collective that tutorial_utils.perfmodel.comm counts, in
+    order."""
     comm = pytest.importorskip("tutorial_utils.perfmodel.comm")
     for schedule in ("te", "reference"):
-        vol = comm.comm_volume("allgather", batch=1, seq_len=64, num_q_heads=4, num_kv_heads=2, head_dim=8, cp_size=4,
-                               schedule=schedule)
+        vol = comm.comm_volume(
+            "allgather",
+            batch=1,
+            seq_len=64,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            cp_size=4,
+            schedule=schedule,
+        )
         collectives = []
         for t in vol.transfers:
             key = (t.phase, t.op)
@@ -302,7 +372,9 @@ def test_comm_steps_ring_labels_follow_the_rotation():
         assert held == [f"r{r}\nKV{(r - t) % 4}" for r in range(4)]
 
 
-@pytest.mark.parametrize("args, name", [(("tree", 4), "strategy"), (("ring", 1), "cp_size"), (("ring", 2.5), "cp_size")])
+@pytest.mark.parametrize(
+    "args, name", [(("tree", 4), "strategy"), (("ring", 1), "cp_size"), (("ring", 2.5), "cp_size")]
+)
 def test_comm_steps_rejects_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         plots.plot_comm_steps(*args)
@@ -312,15 +384,19 @@ def test_comm_steps_rejects_bad_input(args, name):
 
 def test_comm_bytes_bar_heights_match_the_volumes():
     comm = pytest.importorskip("tutorial_utils.perfmodel.comm")
-    vols = {s: comm.comm_volume(s, batch=2, seq_len=2048, num_q_heads=16, num_kv_heads=4, head_dim=32, cp_size=4)
-            for s in ("ring", "allgather", "ulysses")}
+    vols = {
+        s: comm.comm_volume(
+            s, batch=2, seq_len=2048, num_q_heads=16, num_kv_heads=4, head_dim=32, cp_size=4
+        )
+        for s in ("ring", "allgather", "ulysses")
+    }
     fig = plots.plot_comm_bytes(vols, unit="B")
     ax = fig.axes[0]
     bars = [p for p in ax.patches if isinstance(p, Rectangle)]
     assert len(bars) == 3 * 2 * 3  # strategies x phases x stacked groups
     for i, vol in enumerate(vols.values()):
         for k, expected in enumerate((vol.fwd_received, vol.bwd_received)):
-            stack = bars[(i * 2 + k) * 3:(i * 2 + k + 1) * 3]
+            stack = bars[(i * 2 + k) * 3 : (i * 2 + k + 1) * 3]
             assert sum(b.get_height() for b in stack) == pytest.approx(expected)
 
 
@@ -337,8 +413,14 @@ def test_comm_bytes_rejects_bad_input():
 
 
 def test_benchmark_separate_panels_and_speedups():
-    local = [{"strategy": "single", "mean_ms": 100.0, "std_ms": 2.0}, {"strategy": "ring", "stripe_size": 1, "mean_ms": 50.0}]
-    pub = [{"strategy": "single", "mean_ms": 126.7}, {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8}]
+    local = [
+        {"strategy": "single", "mean_ms": 100.0, "std_ms": 2.0},
+        {"strategy": "ring", "stripe_size": 1, "mean_ms": 50.0},
+    ]
+    pub = [
+        {"strategy": "single", "mean_ms": 126.7},
+        {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8},
+    ]
     fig = plots.plot_benchmark(local, published=pub)
     assert len(fig.axes) == 2
     ax_local, ax_pub = fig.axes
@@ -352,15 +434,19 @@ def test_benchmark_separate_panels_and_speedups():
 
 
 def test_benchmark_labels_sit_above_the_error_bars():
-    local = [{"strategy": "single", "mean_ms": 100.0, "std_ms": 20.0}, {"strategy": "ring", "stripe_size": 1,
-                                                                        "mean_ms": 50.0, "std_ms": 10.0}]
+    local = [
+        {"strategy": "single", "mean_ms": 100.0, "std_ms": 20.0},
+        {"strategy": "ring", "stripe_size": 1, "mean_ms": 50.0, "std_ms": 10.0},
+    ]
     fig = plots.plot_benchmark(local)
     ax = fig.axes[0]
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     for bar, std in zip(ax.patches, (20.0, 10.0)):
         top = ax.transData.transform((0, bar.get_height() + std))[1]
-        label = next(t for t in ax.texts if abs(t.xy[0] - (bar.get_x() + bar.get_width() / 2)) < 1e-9)
+        label = next(
+            t for t in ax.texts if abs(t.xy[0] - (bar.get_x() + bar.get_width() / 2)) < 1e-9
+        )
         assert label.get_window_extent(renderer).y0 > top
 
 
@@ -370,9 +456,17 @@ def test_benchmark_labels_sit_above_the_error_bars():
         (dict(results=[]), "results"),
         (dict(results=[{"strategy": "ring", "mean_ms": 0.0}]), r"results\[0\]\.mean_ms"),
         (dict(results=[{"mean_ms": 1.0}]), r"results\[0\]"),
-        (dict(results=[{"strategy": "ring", "mean_ms": 1.0, "std_ms": -1.0}]), r"results\[0\]\.std_ms"),
-        (dict(results=[{"strategy": "ring", "mean_ms": 1.0}], published=[{"strategy": "ring", "mean_ms": float("nan")}]),
-         r"published\[0\]\.mean_ms"),
+        (
+            dict(results=[{"strategy": "ring", "mean_ms": 1.0, "std_ms": -1.0}]),
+            r"results\[0\]\.std_ms",
+        ),
+        (
+            dict(
+                results=[{"strategy": "ring", "mean_ms": 1.0}],
+                published=[{"strategy": "ring", "mean_ms": float("nan")}],
+            ),
+            r"published\[0\]\.mean_ms",
+        ),
     ],
 )
 def test_benchmark_rejects_bad_input(kwargs, name):
@@ -397,29 +491,75 @@ def test_padding_spans_helper():
 # ----------------------------------------------------------------------------- stored records
 
 _BLOCKWISE_ROWS = [
-    {"strategy": "single-blockwise", "stripe_size": None, "seq_len": 16384, "mean_ms": 1213.0, "std_ms": 124.0,
-     "measurement": "measured", "extrapolated": False},
-    {"strategy": "single-blockwise", "stripe_size": None, "seq_len": 8192, "mean_ms": 664.0, "std_ms": 89.0,
-     "measurement": "measured", "extrapolated": False},
-    {"strategy": "single-dense", "stripe_size": None, "seq_len": 8192, "mean_ms": 15978.0, "std_ms": 799.0,
-     "measurement": "measured", "extrapolated": False},
-    {"strategy": "single-dense", "stripe_size": None, "seq_len": 16384, "mean_ms": 63912.0,
-     "measurement": "extrapolated (x4 from S=8192)", "extrapolated": True},
+    {
+        "strategy": "single-blockwise",
+        "stripe_size": None,
+        "seq_len": 16384,
+        "mean_ms": 1213.0,
+        "std_ms": 124.0,
+        "measurement": "measured",
+        "extrapolated": False,
+    },
+    {
+        "strategy": "single-blockwise",
+        "stripe_size": None,
+        "seq_len": 8192,
+        "mean_ms": 664.0,
+        "std_ms": 89.0,
+        "measurement": "measured",
+        "extrapolated": False,
+    },
+    {
+        "strategy": "single-dense",
+        "stripe_size": None,
+        "seq_len": 8192,
+        "mean_ms": 15978.0,
+        "std_ms": 799.0,
+        "measurement": "measured",
+        "extrapolated": False,
+    },
+    {
+        "strategy": "single-dense",
+        "stripe_size": None,
+        "seq_len": 16384,
+        "mean_ms": 63912.0,
+        "measurement": "extrapolated (x4 from S=8192)",
+        "extrapolated": True,
+    },
 ]
 
 
 def _record(source, results, label="test"):
-    return {"schema": "cp-bench/1", "source": source, "label": label, "hardware": {}, "config": {}, "results": results}
+    return {
+        "schema": "cp-bench/1",
+        "source": source,
+        "label": label,
+        "hardware": {},
+        "config": {},
+        "results": results,
+    }
 
 
 def test_result_labels_are_distinct_and_mark_extrapolation():
     labels = plots.result_labels(_BLOCKWISE_ROWS)
-    assert labels == ["single-blockwise, S=16,384", "single-blockwise, S=8,192", "single-dense, S=8,192",
-                      "single-dense, S=16,384, extrapolated"]
-    rows = [{"strategy": "ring", "stripe_size": 1, "window": [64, 0]}, {"strategy": "ring", "stripe_size": 1, "window": [-1, 0]},
-            {"strategy": "allgather", "stripe_size": 512}, {"strategy": "allgather", "stripe_size": 512}]
-    assert plots.result_labels(rows) == ["ring (stripe 1), window (64, 0)", "ring (stripe 1), window (-1, 0)",
-                                         "allgather (stripe 512) #1", "allgather (stripe 512) #2"]
+    assert labels == [
+        "single-blockwise, S=16,384",
+        "single-blockwise, S=8,192",
+        "single-dense, S=8,192",
+        "single-dense, S=16,384, extrapolated",
+    ]
+    rows = [
+        {"strategy": "ring", "stripe_size": 1, "window": [64, 0]},
+        {"strategy": "ring", "stripe_size": 1, "window": [-1, 0]},
+        {"strategy": "allgather", "stripe_size": 512},
+        {"strategy": "allgather", "stripe_size": 512},
+    ]
+    assert plots.result_labels(rows) == [
+        "ring (stripe 1), window (64, 0)",
+        "ring (stripe 1), window (-1, 0)",
+        "allgather (stripe 512) #1",
+        "allgather (stripe 512) #2",
+    ]
     with pytest.raises(ValueError, match="results"):
         plots.result_labels([])
 
@@ -427,7 +567,9 @@ def test_result_labels_are_distinct_and_mark_extrapolation():
 def test_record_times_hatch_extrapolated_rows_and_keep_labels_past_error_bars():
     fig = plots.plot_record_times(_record("cpu-reference", _BLOCKWISE_ROWS))
     ax = fig.axes[0]
-    bars = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0][:len(_BLOCKWISE_ROWS)]
+    bars = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0][
+        : len(_BLOCKWISE_ROWS)
+    ]
     assert [b.get_hatch() for b in bars] == [None, None, None, "///"]
     assert [t.get_text() for t in ax.get_yticklabels()] == plots.result_labels(_BLOCKWISE_ROWS)
     assert ax.get_xscale() == "log"  # 664 ms to 64 s
@@ -436,17 +578,30 @@ def test_record_times_hatch_extrapolated_rows_and_keep_labels_past_error_bars():
     segments = errbar.lines[2][0].get_segments()
     assert len(segments) == 3
     for row, text in zip(_BLOCKWISE_ROWS, ax.texts):
-        assert text.xy[0] == pytest.approx(row["mean_ms"] + (0 if row["extrapolated"] else row["std_ms"]))
+        assert text.xy[0] == pytest.approx(
+            row["mean_ms"] + (0 if row["extrapolated"] else row["std_ms"])
+        )
     assert "this machine" in ax.get_title()
 
 
 def test_record_speedups_one_panel_per_record_never_a_shared_axis():
-    cpu = _record("cpu-reference", [{"strategy": "single", "mean_ms": 200.0}, {"strategy": "ring", "stripe_size": 1,
-                                                                               "mean_ms": 400.0}], label="cpu run")
-    pub = _record("published", [{"strategy": "single", "mean_ms": 126.7, "speedup": 1.0},
-                                {"strategy": "ring", "stripe_size": 1, "mean_ms": 57.2, "speedup": 2.22},
-                                {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8, "speedup": 2.36}],
-                  label="TE tutorial, 4x GB200")
+    cpu = _record(
+        "cpu-reference",
+        [
+            {"strategy": "single", "mean_ms": 200.0},
+            {"strategy": "ring", "stripe_size": 1, "mean_ms": 400.0},
+        ],
+        label="cpu run",
+    )
+    pub = _record(
+        "published",
+        [
+            {"strategy": "single", "mean_ms": 126.7, "speedup": 1.0},
+            {"strategy": "ring", "stripe_size": 1, "mean_ms": 57.2, "speedup": 2.22},
+            {"strategy": "allgather", "stripe_size": 512, "mean_ms": 53.8, "speedup": 2.36},
+        ],
+        label="TE tutorial, 4x GB200",
+    )
     no_speedup = _record("cpu-reference", _BLOCKWISE_ROWS)
     fig = plots.plot_record_speedups([cpu, no_speedup, pub])
     assert len(fig.axes) == 2
@@ -472,23 +627,31 @@ def test_batch_and_window_shows_every_row_and_the_window_band():
     np.testing.assert_array_equal(np.asarray(ax_ids.images[0].get_array()), ids)
     shown = ~np.ma.getmaskarray(ax_vis.images[0].get_array())
     np.testing.assert_array_equal(shown, _brute_visible(ids[0], pos[0], 8))
-    assert shown.sum(axis=1).max() == 9                   # a window of 8 keys plus the query itself
+    assert shown.sum(axis=1).max() == 9  # a window of 8 keys plus the query itself
     assert "window=(8, 0)" in ax_vis.get_title() and "padding" in ax_ids.get_title()
     with pytest.raises(ValueError, match="window"):
         plots.plot_batch_and_window(ids, pos, window=(8, 8, 8))
 
 
 def test_benchmark_local_results_as_a_table_have_no_bars_and_no_speedups():
-    local = [dict(strategy="single", mean_ms=2.0, std_ms=0.1), dict(strategy="ring", mean_ms=4.5, stripe_size=1)]
-    pub = [dict(strategy="single", mean_ms=126.7), dict(strategy="ring", mean_ms=57.2, stripe_size=1)]
+    local = [
+        dict(strategy="single", mean_ms=2.0, std_ms=0.1),
+        dict(strategy="ring", mean_ms=4.5, stripe_size=1),
+    ]
+    pub = [
+        dict(strategy="single", mean_ms=126.7),
+        dict(strategy="ring", mean_ms=57.2, stripe_size=1),
+    ]
     fig = plots.plot_benchmark(local, published=pub, local_as_table=True, title="CPU")
     table_ax, pub_ax = fig.axes
     import re
 
-    assert not table_ax.containers and not table_ax.patches          # no bars for the CPU run
+    assert not table_ax.containers and not table_ax.patches  # no bars for the CPU run
     cells = {k: c.get_text().get_text() for k, c in table_ax.tables[0].get_celld().items()}
     assert [cells[(0, j)] for j in range(3)] == ["configuration", "mean fwd+bwd", "std"]
     assert cells[(2, 0)] == "ring, stripe 1" and "4.5" in cells[(2, 1)]
     texts = " ".join([t.get_text() for t in table_ax.texts] + list(cells.values()))
     assert not re.search(r"\d\.\d+x", texts) and "no speed-ups" in texts
-    assert len(pub_ax.containers) == 1 and len(pub_ax.containers[0]) == 2   # the published numbers stay bars
+    assert (
+        len(pub_ax.containers) == 1 and len(pub_ax.containers[0]) == 2
+    )  # the published numbers stay bars

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from tutorial_utils.perfmodel import records
-from tutorial_utils.perfmodel.records import (SCHEMA, committed_problems, load_records, read_records, source_title,
-                                    validate_record, write_record)
+from tutorial_utils.perfmodel.records import (
+    SCHEMA,
+    committed_problems,
+    load_records,
+    read_records,
+    source_title,
+    validate_record,
+    write_record,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -26,8 +33,16 @@ def _measured() -> dict:
         "label": "cpu preset, 4 simulated devices",
         "created": "2026-11-29T07:30:00+00:00",
         "hardware": {"platform": "cpu", "device_count": 4, "backend": "reference"},
-        "config": {"batch": 2, "seq_len": 2048, "num_q_heads": 16, "num_kv_heads": 4, "head_dim": 32,
-                   "window": [256, 0], "dtype": "bfloat16", "cp_size": 4},
+        "config": {
+            "batch": 2,
+            "seq_len": 2048,
+            "num_q_heads": 16,
+            "num_kv_heads": 4,
+            "head_dim": 32,
+            "window": [256, 0],
+            "dtype": "bfloat16",
+            "cp_size": 4,
+        },
         "timing": {"warmup_iters": 2, "timing_iters": 5, "compile_excluded": True},
         "results": [
             {"strategy": "single", "stripe_size": None, "mean_ms": 40.0, "std_ms": 1.0},
@@ -61,7 +76,10 @@ def test_load_records_reads_the_repository_results():
 def test_published_record_if_present():
     path = RESULTS / "te-published-gb200.json"
     if not path.exists():
-        pytest.skip("results/te-published-gb200.json not written yet; the schema is covered by the other tests")
+        pytest.skip(
+            "results/te-published-gb200.json not written yet; the schema is covered by the other"
+            " tests"
+        )
     rec = json.loads(path.read_text(encoding="utf-8"))
     assert rec["source"] == "published"
     assert rec["config"]["cp_size"] == 4
@@ -130,12 +148,18 @@ def test_a_missing_records_folder_is_reported(tmp_path):
         read_records(tmp_path / "plain")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\xff\xfe{}", r"bad-bytes\.json: not UTF-8 text"),
-    (b"[" * 100_000 + b"]" * 100_000, r"bad-bytes\.json: (JSON nested too deeply|not valid JSON)"),
-    (b"{not json", r"bad-bytes\.json: not valid JSON"),
-    (b"[1, 2]", r"bad-bytes\.json: cp-bench record must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xff\xfe{}", r"bad-bytes\.json: not UTF-8 text"),
+        (
+            b"[" * 100_000 + b"]" * 100_000,
+            r"bad-bytes\.json: (JSON nested too deeply|not valid JSON)",
+        ),
+        (b"{not json", r"bad-bytes\.json: not valid JSON"),
+        (b"[1, 2]", r"bad-bytes\.json: cp-bench record must be a JSON object"),
+    ],
+)
 def test_every_loading_error_names_the_file(tmp_path, content, message):
     (tmp_path / "bad-bytes.json").write_bytes(content)
     with pytest.raises(ValueError, match=message):
@@ -182,7 +206,8 @@ def test_source_titles_keep_sources_apart():
 
 
 def _mutate(path: str, value=..., delete: bool = False):
-    """A copy of a valid measured record with one field (dotted path, [i] for list items) changed."""
+    """A copy of a valid measured record with one field (dotted path, [i] for list items)
+    changed."""
     rec = copy.deepcopy(_measured())
     parts = path.replace("[", ".").replace("]", "").split(".")
     target = rec
@@ -228,8 +253,18 @@ BAD = [
     ("results[0].std_ms", float("inf"), "results[0].std_ms"),
 ]
 
-MISSING = ["schema", "source", "label", "created", "hardware", "config", "config.seq_len", "config.cp_size",
-           "results", "results[0].mean_ms"]
+MISSING = [
+    "schema",
+    "source",
+    "label",
+    "created",
+    "hardware",
+    "config",
+    "config.seq_len",
+    "config.cp_size",
+    "results",
+    "results[0].mean_ms",
+]
 
 
 @pytest.mark.parametrize("path,value,field", BAD, ids=[f"{p}={v!r}" for p, v, _ in BAD])
@@ -276,10 +311,16 @@ def test_extra_keys_are_allowed():
 def test_source_for_names_what_computed_the_attention():
     assert records.source_for("gpu", "te") == "gpu"
     assert records.source_for("gpu", "te", emulated=True) == "gpu-emulated"
-    assert records.source_for("gpu", "reference") == "gpu-reference"  # never labelled as a TE or CPU run
+    assert (
+        records.source_for("gpu", "reference") == "gpu-reference"
+    )  # never labelled as a TE or CPU run
     assert records.source_for("cpu", "te-cpu") == "cpu-te"
     assert records.source_for("cpu", "reference") == "cpu-reference"
-    assert all(records.source_for(p, k) in records.SOURCES for p in ("cpu", "gpu") for k in ("te", "te-cpu", "reference"))
+    assert all(
+        records.source_for(p, k) in records.SOURCES
+        for p in ("cpu", "gpu")
+        for k in ("te", "te-cpu", "reference")
+    )
     with pytest.raises(ValueError, match=r"platform='tpu' must be 'cpu' or 'gpu'"):
         records.source_for("tpu", "te")
     with pytest.raises(ValueError, match=r"backend_kind='cudnn' must be"):

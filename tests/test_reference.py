@@ -18,25 +18,40 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tutorial_utils.reference import LSE_EMPTY, MaskSpec, block_needed, blockwise_attention, dense_attention
 import tutorial_utils.te as te
+from tutorial_utils.reference import (
+    LSE_EMPTY,
+    MaskSpec,
+    block_needed,
+    blockwise_attention,
+    dense_attention,
+)
 from tutorial_utils.te.attention import (
-    AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout, SequenceDescriptor, fused_attn,
+    AttnBiasType,
+    AttnMaskType,
+    AttnSoftmaxType,
+    QKVLayout,
+    SequenceDescriptor,
+    fused_attn,
 )
 
 D = 16
 TOL = dict(atol=1e-5, rtol=1e-5)  # fp32 everywhere in this file
 
 # fused_attn under jit (enums, scale, dropout, flags and the keyword options are static)
-fused_attn_jit = jax.jit(fused_attn, static_argnums=tuple(range(4, 11)),
-                         static_argnames=("max_segments_per_seq", "window_size", "return_max_logit"))
+fused_attn_jit = jax.jit(
+    fused_attn,
+    static_argnums=tuple(range(4, 11)),
+    static_argnames=("max_segments_per_seq", "window_size", "return_max_logit"),
+)
 
 
-# ----------------------------------------------------------------------------- data and independent masks
+# ----------------------------------------------------------------------------- data and independent
 
 
 def random_layout(rng, batch, seq, max_segments=4, empty_last_row=False):
-    """Packed rows: segments with ids 1..n in order, pos 0.. inside each, padding (id 0) around them."""
+    """Packed rows: segments with ids 1..n in order, pos 0.. inside each, padding (id 0) around
+    them."""
     ids = np.zeros((batch, seq), np.int32)
     pos = np.zeros((batch, seq), np.int32)
     for r in range(batch):
@@ -49,9 +64,11 @@ def random_layout(rng, batch, seq, max_segments=4, empty_last_row=False):
         for sid, (a, e) in enumerate(zip(bounds[:-1], bounds[1:]), start=1):
             lead = int(rng.integers(0, 2)) if e - a > 1 else 0
             valid = int(rng.integers(1, e - a - lead + 1))
-            ids[r, a + lead:a + lead + valid] = sid
-            pos[r, a:a + lead] = np.arange(lead)
-            pos[r, a + lead:e] = np.arange(e - a - lead)  # padding after the segment keeps counting
+            ids[r, a + lead : a + lead + valid] = sid
+            pos[r, a : a + lead] = np.arange(lead)
+            pos[r, a + lead : e] = np.arange(
+                e - a - lead
+            )  # padding after the segment keeps counting
     return ids, pos
 
 
@@ -89,14 +106,19 @@ def np_attention(q, k, v, mask, scale, sink=None):
 
 def qkv_arrays(seed, b, sq, skv, hq, hkv, d=D, dtype=jnp.float32):
     ks = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return (jax.random.normal(ks[0], (b, sq, hq, d), dtype), jax.random.normal(ks[1], (b, skv, hkv, d), dtype),
-            jax.random.normal(ks[2], (b, skv, hkv, d), dtype), jax.random.normal(ks[3], (b, sq, hq, d), dtype))
+    return (
+        jax.random.normal(ks[0], (b, sq, hq, d), dtype),
+        jax.random.normal(ks[1], (b, skv, hkv, d), dtype),
+        jax.random.normal(ks[2], (b, skv, hkv, d), dtype),
+        jax.random.normal(ks[3], (b, sq, hq, d), dtype),
+    )
 
 
-# ----------------------------------------------------------------------------- reference vs jax.nn oracle
+# ----------------------------------------------------------------------------- reference vs jax.nn
 
 # (name, batch, sq, skv, hq, hkv, causal, window, padding, kv_layout, block_q, block_kv)
-#   kv_layout: "self" (same ids/pos), "shift" (kv pos +2: early queries see no key), "other" (own layout)
+#   kv_layout: "self" (same ids/pos), "shift" (kv pos +2: early queries see no key), "other" (own
+#   layout)
 ORACLE_CASES = [
     ("causal-full-mha", 2, 48, 48, 4, 4, True, (-1, -1), True, "self", 16, 16),
     ("causal-inf-left-gqa2-shift", 2, 48, 48, 4, 2, True, (-1, 0), True, "shift", 16, 32),
@@ -127,28 +149,38 @@ def _draw(rng, case):
     return ids, ids_kv, pos, pos_kv
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _impl_fns(spec, scale, block_q, block_kv):
     def run(attn, q, k, v, iq, ik, pq, pk, dout):
         def loss(q, k, v):
             out, lse = attn(q, k, v, iq, ik, pq, pk)
             return jnp.sum(out * dout), (out, lse)
+
         (_, (out, lse)), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
         return out, lse, grads
 
     dense = functools.partial(dense_attention, scale=scale, spec=spec)
-    block = functools.partial(blockwise_attention, scale=scale, spec=spec, block_q=block_q, block_kv=block_kv)
-    return {"dense": jax.jit(functools.partial(run, dense)), "blockwise": jax.jit(functools.partial(run, block))}
+    block = functools.partial(
+        blockwise_attention, scale=scale, spec=spec, block_q=block_q, block_kv=block_kv
+    )
+    return {
+        "dense": jax.jit(functools.partial(run, dense)),
+        "blockwise": jax.jit(functools.partial(run, block)),
+    }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _oracle_fn(scale):
     def run(q, k, v, mask, dout):
         def loss(q, k, v):
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="xla")
+            out = jax.nn.dot_product_attention(
+                q, k, v, mask=mask[:, None], scale=scale, implementation="xla"
+            )
             return jnp.sum(out * dout), out
+
         (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
         return out, grads
+
     return jax.jit(run)
 
 
@@ -173,18 +205,28 @@ def test_reference_matches_jax_oracle(case):
         with np.errstate(divide="ignore"):
             lse64 = np.log(np.where(mask[:, None], np.exp(s64), 0.0).sum(-1))  # [b, h, sq]
         for impl, fn in fns.items():
-            out, lse, (dq, dk, dv) = fn(q, k, v, *(jnp.asarray(a) for a in (ids, ids_kv, pos, pos_kv)), dout)
+            out, lse, (dq, dk, dv) = fn(
+                q, k, v, *(jnp.asarray(a) for a in (ids, ids_kv, pos, pos_kv)), dout
+            )
             out, lse, dq, dk, dv = map(np.asarray, (out, lse, dq, dk, dv))
-            np.testing.assert_allclose(out[has], np.asarray(out_o)[has], err_msg=f"{impl} output", **TOL)
+            np.testing.assert_allclose(
+                out[has], np.asarray(out_o)[has], err_msg=f"{impl} output", **TOL
+            )
             assert np.all(out[~has] == 0.0), f"{impl}: key-less rows must be exactly 0"
             hq_has = np.broadcast_to(has[:, None, :], lse.shape)
             np.testing.assert_allclose(lse[hq_has], lse64[hq_has], err_msg=f"{impl} lse", **TOL)
             assert np.all(lse[~hq_has] == np.float32(LSE_EMPTY))
             # dout is non-zero on key-less rows too: they must still get and give exactly 0.
-            for got, want, what in ((dq, grads_o[0], "dq"), (dk, grads_o[1], "dk"), (dv, grads_o[2], "dv")):
+            for got, want, what in (
+                (dq, grads_o[0], "dq"),
+                (dk, grads_o[1], "dk"),
+                (dv, grads_o[2], "dv"),
+            ):
                 np.testing.assert_allclose(got, np.asarray(want), err_msg=f"{impl} {what}", **TOL)
             assert np.all(dq[~has] == 0.0), f"{impl}: dQ of key-less rows must be exactly 0"
-            assert np.all(dk[~seen] == 0.0) and np.all(dv[~seen] == 0.0), f"{impl}: unseen keys need exactly 0 dK, dV"
+            assert np.all(dk[~seen] == 0.0) and np.all(dv[~seen] == 0.0), (
+                f"{impl}: unseen keys need exactly 0 dK, dV"
+            )
             if padding:
                 assert np.all(dk[ids_kv == 0] == 0.0) and np.all(dv[ids_kv == 0] == 0.0)
                 assert np.all(out[ids == 0] == 0.0) and np.all(dq[ids == 0] == 0.0)
@@ -208,7 +250,7 @@ BLOCK_CASES = [
 @pytest.mark.parametrize("bq, bk, causal, window, use_sink, shift", BLOCK_CASES)
 def test_dense_and_blockwise_agree(bq, bk, causal, window, use_sink, shift):
     b, s, hq, hkv = 2, 64, 4, 2
-    scale = D ** -0.5
+    scale = D**-0.5
     spec = MaskSpec(causal=causal, window=window)
     rng = np.random.default_rng(bq * 1000 + bk)
     ids, pos = random_layout(rng, b, s)
@@ -223,11 +265,14 @@ def test_dense_and_blockwise_agree(bq, bk, causal, window, use_sink, shift):
         def loss(q, k, v, sink):
             out, lse = attn(q, k, v, *args, sink=sink)
             return jnp.sum(out * dout) + jnp.sum(lse * w), (out, lse)
+
         argnums = (0, 1, 2, 3) if use_sink else (0, 1, 2)
         return jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))
 
     dense = make(functools.partial(dense_attention, scale=scale, spec=spec))
-    block = make(functools.partial(blockwise_attention, scale=scale, spec=spec, block_q=bq, block_kv=bk))
+    block = make(
+        functools.partial(blockwise_attention, scale=scale, spec=spec, block_q=bq, block_kv=bk)
+    )
     (_, (o0, lse0)), g0 = dense(q, k, v, sink)
     (_, (o1, lse1)), g1 = block(q, k, v, sink)
     np.testing.assert_allclose(np.asarray(o1), np.asarray(o0), **TOL)
@@ -238,7 +283,9 @@ def test_dense_and_blockwise_agree(bq, bk, causal, window, use_sink, shift):
     np.testing.assert_allclose(np.asarray(lse1), np.asarray(lse0), **TOL)
     for a, b_, what in zip(g1, g0, ("dq", "dk", "dv", "dsink")):
         assert np.all(np.isfinite(np.asarray(a))), what
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-5, rtol=1e-5, err_msg=what)
+        np.testing.assert_allclose(
+            np.asarray(a), np.asarray(b_), atol=2e-5, rtol=1e-5, err_msg=what
+        )
 
 
 def test_blockwise_skips_blocks_outside_a_window_and_is_conservative():
@@ -247,9 +294,13 @@ def test_blockwise_skips_blocks_outside_a_window_and_is_conservative():
     spec = MaskSpec(causal=True, window=(16, 0))
     need = np.asarray(block_needed(*(jnp.asarray(a) for a in (ids, ids, pos, pos)), spec, 32, 32))
     vis = np_visible(ids, ids, pos, pos, causal=True, window=(16, 0))
-    touched = vis.reshape(2, 8, 32, 8, 32).any(axis=(0, 2, 4))  # [nq, nk] blocks with a visible pair
+    touched = vis.reshape(2, 8, 32, 8, 32).any(
+        axis=(0, 2, 4)
+    )  # [nq, nk] blocks with a visible pair
     assert np.all(need[touched]), "a block with visible pairs was skipped"
-    assert need.sum() <= 0.5 * need.size, f"sliding window should skip most blocks, needed {need.sum()}/{need.size}"
+    assert need.sum() <= 0.5 * need.size, (
+        f"sliding window should skip most blocks, needed {need.sum()}/{need.size}"
+    )
 
 
 def test_blockwise_return_max_logit():
@@ -258,9 +309,13 @@ def test_blockwise_return_max_logit():
     ids, pos = random_layout(rng, b, s, empty_last_row=True)
     q, k, v, _ = qkv_arrays(5, b, s, s, hq, hkv)
     spec = MaskSpec(causal=True, window=(4, 0))
-    block = jax.jit(functools.partial(blockwise_attention, scale=0.25, spec=spec, block_q=16, block_kv=16),
-                    static_argnames="return_max_logit")
-    out, lse, mx = block(q, k, v, *(jnp.asarray(a) for a in (ids, ids, pos, pos)), return_max_logit=True)
+    block = jax.jit(
+        functools.partial(blockwise_attention, scale=0.25, spec=spec, block_q=16, block_kv=16),
+        static_argnames="return_max_logit",
+    )
+    out, lse, mx = block(
+        q, k, v, *(jnp.asarray(a) for a in (ids, ids, pos, pos)), return_max_logit=True
+    )
     mask = np_visible(ids, ids, pos, pos, causal=True, window=(4, 0))
     _, s64 = np_attention(q, k, v, mask, 0.25)
     want = np.where(mask[:, None], s64, -np.inf).max(-1)  # [b, h, sq]
@@ -269,10 +324,12 @@ def test_blockwise_return_max_logit():
     assert np.all(np.isneginf(mx[~finite]))
     np.testing.assert_allclose(mx[finite], want[finite], **TOL)
     out2, lse2 = block(q, k, v, *(jnp.asarray(a) for a in (ids, ids, pos, pos)))
-    assert np.array_equal(np.asarray(out), np.asarray(out2)) and np.array_equal(np.asarray(lse), np.asarray(lse2))
+    assert np.array_equal(np.asarray(out), np.asarray(out2)) and np.array_equal(
+        np.asarray(lse), np.asarray(lse2)
+    )
 
 
-# ----------------------------------------------------------------------------- sink softmax vs formula
+# ----------------------------------------------------------------------------- sink softmax vs form
 
 
 @pytest.mark.parametrize("alpha", [None, "zeros", "learned"])
@@ -287,19 +344,39 @@ def test_sink_softmax_matches_formula(alpha):
     want, _ = np_attention(q, k, v, mask, 0.3, None if sink is None else np.asarray(sink))
     args = (q, k, v, *(jnp.asarray(a) for a in (ids, ids, pos, pos)))
     spec = MaskSpec(causal=True, window=(8, 0))
-    for attn in (functools.partial(dense_attention, scale=0.3, spec=spec),
-                 functools.partial(blockwise_attention, scale=0.3, spec=spec, block_q=16, block_kv=8)):
+    for attn in (
+        functools.partial(dense_attention, scale=0.3, spec=spec),
+        functools.partial(blockwise_attention, scale=0.3, spec=spec, block_q=16, block_kv=8),
+    ):
         out, _ = jax.jit(attn)(*args, sink=sink)
         np.testing.assert_allclose(np.asarray(out), want, **TOL)
     if sink is None:
         return
-    # the same through the facade: OFF_BY_ONE (alpha = 0, not scaled) or LEARNABLE with softmax_offset
-    softmax_type = AttnSoftmaxType.OFF_BY_ONE_SOFTMAX if alpha == "zeros" else AttnSoftmaxType.LEARNABLE_SOFTMAX
+    # the same through the facade: OFF_BY_ONE (alpha = 0, not scaled) or LEARNABLE with
+    # softmax_offset
+    softmax_type = (
+        AttnSoftmaxType.OFF_BY_ONE_SOFTMAX
+        if alpha == "zeros"
+        else AttnSoftmaxType.LEARNABLE_SOFTMAX
+    )
     offset = None if alpha == "zeros" else sink.reshape(1, hq, 1, 1)
     desc = SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
-    out = fused_attn_jit((q, k, v), None, desc, None, AttnBiasType.NO_BIAS, AttnMaskType.PADDING_CAUSAL_MASK,
-                         QKVLayout.THD_THD_THD, softmax_type, 0.3, 0.0, True, max_segments_per_seq=4,
-                         window_size=(8, 0), softmax_offset=offset)
+    out = fused_attn_jit(
+        (q, k, v),
+        None,
+        desc,
+        None,
+        AttnBiasType.NO_BIAS,
+        AttnMaskType.PADDING_CAUSAL_MASK,
+        QKVLayout.THD_THD_THD,
+        softmax_type,
+        0.3,
+        0.0,
+        True,
+        max_segments_per_seq=4,
+        window_size=(8, 0),
+        softmax_offset=offset,
+    )
     np.testing.assert_allclose(np.asarray(out), want, **TOL)
 
 
@@ -310,26 +387,52 @@ def test_learnable_sink_gradient_through_facade():
     desc = SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
 
     def loss(offset):
-        out = fused_attn((q, k, v), None, desc, None, AttnBiasType.NO_BIAS, AttnMaskType.PADDING_CAUSAL_MASK,
-                         QKVLayout.THD_THD_THD, AttnSoftmaxType.LEARNABLE_SOFTMAX, 0.25, 0.0, True,
-                         softmax_offset=offset)
+        out = fused_attn(
+            (q, k, v),
+            None,
+            desc,
+            None,
+            AttnBiasType.NO_BIAS,
+            AttnMaskType.PADDING_CAUSAL_MASK,
+            QKVLayout.THD_THD_THD,
+            AttnSoftmaxType.LEARNABLE_SOFTMAX,
+            0.25,
+            0.0,
+            True,
+            softmax_offset=offset,
+        )
         return jnp.sum(out * dout)
 
     offset = jnp.array([0.1, -0.4, 1.2, 0.0]).reshape(1, hq, 1, 1)
     g = np.asarray(jax.jit(jax.grad(loss))(offset))
     loss = jax.jit(loss)
     eps = 1e-2  # central differences of a smooth function, in float32
-    num = [(float(loss(offset.at[0, h, 0, 0].add(eps))) - float(loss(offset.at[0, h, 0, 0].add(-eps)))) / (2 * eps)
-           for h in range(hq)]
+    num = [
+        (float(loss(offset.at[0, h, 0, 0].add(eps))) - float(loss(offset.at[0, h, 0, 0].add(-eps))))
+        / (2 * eps)
+        for h in range(hq)
+    ]
     np.testing.assert_allclose(g.reshape(hq), num, rtol=2e-2, atol=2e-3)
 
 
-# ----------------------------------------------------------------------------- bottom-right masks (facade)
+# ----------------------------------------------------------------------------- bottom-right masks (
 
 
 def _call(q, k, v, desc, mask_type, layout, **kw):
-    return fused_attn_jit((q, k, v), None, desc, None, AttnBiasType.NO_BIAS, mask_type, layout,
-                          AttnSoftmaxType.VANILLA_SOFTMAX, 0.3, 0.0, False, **kw)
+    return fused_attn_jit(
+        (q, k, v),
+        None,
+        desc,
+        None,
+        AttnBiasType.NO_BIAS,
+        mask_type,
+        layout,
+        AttnSoftmaxType.VANILLA_SOFTMAX,
+        0.3,
+        0.0,
+        False,
+        **kw,
+    )
 
 
 def test_causal_bottom_right_bshd():
@@ -337,7 +440,9 @@ def test_causal_bottom_right_bshd():
     q, k, v, _ = qkv_arrays(4, b, sq, skv, hq, hkv)
     out = _call(q, k, v, None, AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, QKVLayout.BSHD_BSHD_BSHD)
     i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
-    mask = np.broadcast_to(j <= i + (skv - sq), (b, sq, skv))  # diagonal through the bottom-right corner
+    mask = np.broadcast_to(
+        j <= i + (skv - sq), (b, sq, skv)
+    )  # diagonal through the bottom-right corner
     want, _ = np_attention(q, k, v, mask, 0.3)
     np.testing.assert_allclose(np.asarray(out), want, **TOL)
     top_left = _call(q, k, v, None, AttnMaskType.CAUSAL_MASK, QKVLayout.BSHD_BSHD_BSHD)
@@ -360,10 +465,19 @@ def test_padding_causal_bottom_right_thd(window):
 
     pos_q, pos_kv = local_pos(ids_q), local_pos(ids_kv)
     q, k, v, _ = qkv_arrays(6, b, sq, skv, hq, hkv)
-    desc = SequenceDescriptor.from_segment_ids_and_pos((jnp.asarray(ids_q), jnp.asarray(ids_kv)),
-                                                       (jnp.asarray(pos_q), jnp.asarray(pos_kv)))
-    out = _call(q, k, v, desc, AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK, QKVLayout.THD_THD_THD,
-                max_segments_per_seq=2, window_size=window)
+    desc = SequenceDescriptor.from_segment_ids_and_pos(
+        (jnp.asarray(ids_q), jnp.asarray(ids_kv)), (jnp.asarray(pos_q), jnp.asarray(pos_kv))
+    )
+    out = _call(
+        q,
+        k,
+        v,
+        desc,
+        AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+        QKVLayout.THD_THD_THD,
+        max_segments_per_seq=2,
+        window_size=window,
+    )
     # segment 1: 5 queries, 7 keys (diagonal shifted by 2); segment 2: 3 queries, 6 keys (shift 3)
     shift = {1: 2, 2: 3}
     mask = np.zeros((b, sq, skv), bool)
@@ -373,13 +487,15 @@ def test_padding_causal_bottom_right_thd(window):
             if sid == 0 or ids_kv[0, j] != sid:
                 continue
             diag = pos_q[0, i] + shift[sid]
-            mask[0, i, j] = pos_kv[0, j] <= diag and (window is None or pos_kv[0, j] >= diag - window[0])
+            mask[0, i, j] = pos_kv[0, j] <= diag and (
+                window is None or pos_kv[0, j] >= diag - window[0]
+            )
     want, _ = np_attention(q, k, v, mask, 0.3)
     np.testing.assert_allclose(np.asarray(out), want, **TOL)
     assert np.all(np.asarray(out)[0, ids_q[0] == 0] == 0.0)
 
 
-# ----------------------------------------------------------------------------- return_max_logit (facade)
+# ----------------------------------------------------------------------------- return_max_logit (fa
 
 
 def test_fused_attn_return_max_logit():
@@ -388,16 +504,33 @@ def test_fused_attn_return_max_logit():
     ids, pos = random_layout(rng, b, s)
     q, k, v, _ = qkv_arrays(12, b, s, s, hq, hkv)
     desc = SequenceDescriptor.from_segment_ids_and_pos(jnp.asarray(ids), jnp.asarray(pos))
-    out, max_logit = _call(q, k, v, desc, AttnMaskType.PADDING_CAUSAL_MASK, QKVLayout.THD_THD_THD,
-                           max_segments_per_seq=4, window_size=(6, 0), return_max_logit=True)
+    out, max_logit = _call(
+        q,
+        k,
+        v,
+        desc,
+        AttnMaskType.PADDING_CAUSAL_MASK,
+        QKVLayout.THD_THD_THD,
+        max_segments_per_seq=4,
+        window_size=(6, 0),
+        return_max_logit=True,
+    )
     mask = np_visible(ids, ids, pos, pos, causal=True, window=(6, 0))
     want_out, s64 = np_attention(q, k, v, mask, 0.3)
     want = np.where(mask[:, None], s64, -np.inf).max(axis=(0, 2, 3))  # per query head
     assert max_logit.shape == (hq,)
     np.testing.assert_allclose(np.asarray(max_logit), want, **TOL)
     np.testing.assert_allclose(np.asarray(out), want_out, **TOL)
-    plain = _call(q, k, v, desc, AttnMaskType.PADDING_CAUSAL_MASK, QKVLayout.THD_THD_THD,
-                  max_segments_per_seq=4, window_size=(6, 0))
+    plain = _call(
+        q,
+        k,
+        v,
+        desc,
+        AttnMaskType.PADDING_CAUSAL_MASK,
+        QKVLayout.THD_THD_THD,
+        max_segments_per_seq=4,
+        window_size=(6, 0),
+    )
     assert np.array_equal(np.asarray(plain), np.asarray(out))
 
 

@@ -39,10 +39,26 @@ STRIPED_TABLE = [
     (16, 4, 4, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]),
     (16, 2, 1, [[0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15]]),
     (16, 2, 4, [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]),
-    (32, 4, 2, [[0, 1, 8, 9, 16, 17, 24, 25], [2, 3, 10, 11, 18, 19, 26, 27],
-                [4, 5, 12, 13, 20, 21, 28, 29], [6, 7, 14, 15, 22, 23, 30, 31]]),
-    (32, 2, 2, [[0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29],
-                [2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31]]),
+    (
+        32,
+        4,
+        2,
+        [
+            [0, 1, 8, 9, 16, 17, 24, 25],
+            [2, 3, 10, 11, 18, 19, 26, 27],
+            [4, 5, 12, 13, 20, 21, 28, 29],
+            [6, 7, 14, 15, 22, 23, 30, 31],
+        ],
+    ),
+    (
+        32,
+        2,
+        2,
+        [
+            [0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29],
+            [2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31],
+        ],
+    ),
 ]
 
 
@@ -65,24 +81,51 @@ SEG_IDS = np.array([[1] * 6 + [0, 0] + [2] * 5 + [0, 0, 0]], np.int32)
 SEG_POS = np.array([list(range(8)) + list(range(8))], np.int32)
 
 
-@pytest.mark.parametrize("stripe, ids, pos", [
-    (1, [1, 1, 1, 0, 2, 2, 2, 0, 1, 1, 1, 0, 2, 2, 0, 0], [0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7]),
-    (2, [1, 1, 1, 1, 2, 2, 2, 0, 1, 1, 0, 0, 2, 2, 0, 0], [0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7]),
-])
+@pytest.mark.parametrize(
+    "stripe, ids, pos",
+    [
+        (
+            1,
+            [1, 1, 1, 0, 2, 2, 2, 0, 1, 1, 1, 0, 2, 2, 0, 0],
+            [0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7],
+        ),
+        (
+            2,
+            [1, 1, 1, 1, 2, 2, 2, 0, 1, 1, 0, 0, 2, 2, 0, 0],
+            [0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7],
+        ),
+    ],
+)
 def test_striped_segment_worked_example(stripe, ids, pos):
     assert reorder_causal_load_balancing(SEG_IDS, STRIPED, 2, 1, stripe)[0].tolist() == ids
     assert reorder_causal_load_balancing(SEG_POS, STRIPED, 2, 1, stripe)[0].tolist() == pos
     # same on jax arrays
-    assert np.asarray(reorder_causal_load_balancing(jnp.asarray(SEG_IDS), STRIPED, 2, 1, stripe))[0].tolist() == ids
+    assert (
+        np.asarray(reorder_causal_load_balancing(jnp.asarray(SEG_IDS), STRIPED, 2, 1, stripe))[
+            0
+        ].tolist()
+        == ids
+    )
 
 
-# ----------------------------------------------------------------------------- dual chunk swap (§5.2)
+# ----------------------------------------------------------------------------- dual chunk swap (§5.
 
 DUAL_TABLE = [
     (16, 4, [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]),
     (16, 2, [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]]),
     (16, 8, [[r, 15 - r] for r in range(8)]),
-    (24, 6, [[0, 1, 22, 23], [2, 3, 20, 21], [4, 5, 18, 19], [6, 7, 16, 17], [8, 9, 14, 15], [10, 11, 12, 13]]),
+    (
+        24,
+        6,
+        [
+            [0, 1, 22, 23],
+            [2, 3, 20, 21],
+            [4, 5, 18, 19],
+            [6, 7, 16, 17],
+            [8, 9, 14, 15],
+            [10, 11, 12, 13],
+        ],
+    ),
 ]
 
 
@@ -109,11 +152,13 @@ def test_striped_cp1_is_identity():
 
 
 def test_load_balancing_permutation_dispatch():
-    assert np.array_equal(load_balancing_permutation(32, STRIPED, 4, 2), striped_permutation(32, 4, 2))
+    assert np.array_equal(
+        load_balancing_permutation(32, STRIPED, 4, 2), striped_permutation(32, 4, 2)
+    )
     assert np.array_equal(load_balancing_permutation(32, DUAL, 4), dual_chunk_permutation(32, 4))
 
 
-# ----------------------------------------------------------------------------- closed forms (hypothesis)
+# ----------------------------------------------------------------------------- closed forms (hypoth
 
 
 @st.composite
@@ -155,7 +200,9 @@ def test_dual_chunk_matches_closed_form(case):
         assert ranks.tolist() == [list(range(seq_len))]
         return
     for r in range(cp):  # rank r owns chunks r and 2cp-1-r, in that order
-        want = list(range(r * chunk, (r + 1) * chunk)) + list(range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk))
+        want = list(range(r * chunk, (r + 1) * chunk)) + list(
+            range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)
+        )
         assert ranks[r].tolist() == want
 
 
@@ -188,8 +235,13 @@ def test_inverse_round_trip(case):
     assert type(y) is type(x) or (use_jax and not isinstance(y, np.ndarray))
     back = inverse_reorder_causal_load_balancing(y, strategy, cp, seq_dim, stripe)
     assert np.array_equal(np.asarray(back), np.asarray(x))
-    forth = reorder_causal_load_balancing(inverse_reorder_causal_load_balancing(x, strategy, cp, seq_dim, stripe),
-                                          strategy, cp, seq_dim, stripe)
+    forth = reorder_causal_load_balancing(
+        inverse_reorder_causal_load_balancing(x, strategy, cp, seq_dim, stripe),
+        strategy,
+        cp,
+        seq_dim,
+        stripe,
+    )
     assert np.array_equal(np.asarray(forth), np.asarray(x))
     # the reorder only moves whole slices along seq_dim
     perm = load_balancing_permutation(shape[seq_dim], strategy, cp, stripe)
@@ -201,12 +253,16 @@ def test_inverse_round_trip(case):
 
 @pytest.mark.parametrize("stripe", [0, -1, -4])
 def test_nonpositive_stripe_raises(stripe):
-    with pytest.raises(ValueError, match=rf"stripe_size must be a positive integer.*stripe_size={stripe}"):
+    with pytest.raises(
+        ValueError, match=rf"stripe_size must be a positive integer.*stripe_size={stripe}"
+    ):
         reorder_causal_load_balancing(np.arange(16), STRIPED, 4, 0, stripe)
 
 
 def test_striped_indivisible_raises():
-    with pytest.raises(ValueError, match=r"sequence length 24 is not divisible by cp_size\*stripe_size=4\*4=16"):
+    with pytest.raises(
+        ValueError, match=r"sequence length 24 is not divisible by cp_size\*stripe_size=4\*4=16"
+    ):
         reorder_causal_load_balancing(np.arange(24), STRIPED, 4, 0, 4)
     with pytest.raises(ValueError, match=r"not divisible by cp_size\*stripe_size=4\*1=4"):
         inverse_reorder_causal_load_balancing(np.zeros((2, 10)), STRIPED, 4, 1)
@@ -223,7 +279,9 @@ def test_dual_chunk_indivisible_raises():
 
 
 def test_dual_chunk_with_stripe_raises():
-    with pytest.raises(ValueError, match=r"stripe_size=2 is only meaningful for ReorderStrategy.Striped"):
+    with pytest.raises(
+        ValueError, match=r"stripe_size=2 is only meaningful for ReorderStrategy.Striped"
+    ):
         reorder_causal_load_balancing(np.arange(16), DUAL, 4, 0, 2)
 
 
@@ -234,7 +292,15 @@ def test_bad_cp_size_raises(cp):
 
 
 def test_bad_seq_dim_and_strategy_raise():
-    with pytest.raises(ValueError, match=r"seq_dim=3 is not an axis of a tensor with shape \(2, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"seq_dim=3 is not an axis of a tensor with shape \(2, 16\)"
+    ):
         reorder_causal_load_balancing(np.zeros((2, 16)), STRIPED, 2, 3)
-    with pytest.raises(ValueError, match=r"strategy must be ReorderStrategy.Striped or ReorderStrategy.DualChunkSwap, got strategy='striped'"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"strategy must be ReorderStrategy.Striped or ReorderStrategy.DualChunkSwap, got"
+            r" strategy='striped'"
+        ),
+    ):
         reorder_causal_load_balancing(np.zeros((2, 16)), "striped", 2, 1)

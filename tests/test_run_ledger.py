@@ -1,4 +1,5 @@
-"""The run ledger (devtools/run_ledger.py): a hooked interpreter records its CPU and its XLA compiles.
+"""The run ledger (devtools/run_ledger.py): a hooked interpreter records its CPU and its XLA
+compiles.
 
 The hook goes into a temporary site folder, which a fresh interpreter adds with
 ``site.addsitedir`` (that is how Python reads a venv's ``.pth`` files), so nothing is written to
@@ -15,20 +16,30 @@ import subprocess
 import sys
 
 import pytest
-
 import run_ledger
 
-PROGRAM = ("import site, sys; site.addsitedir(sys.argv[1]); "
-           "import compile_cache; compile_cache.enable(sys.argv[2]); "
-           "import jax, jax.numpy as jnp; print(jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0)).sum())")
+PROGRAM = (
+    "import site, sys; site.addsitedir(sys.argv[1]); "
+    "import compile_cache; compile_cache.enable(sys.argv[2]); "
+    "import jax, jax.numpy as jnp; print(jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0)).sum())"
+)
 
 
 def _run(site_dir, cache, ledger=None):
-    env = {k: v for k, v in os.environ.items() if k not in (run_ledger.ENV, "TUTORIAL_COMPILE_CACHE_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (run_ledger.ENV, "TUTORIAL_COMPILE_CACHE_DIR")
+    }
     if ledger:
         env[run_ledger.ENV] = str(ledger)
-    proc = subprocess.run([sys.executable, "-c", PROGRAM, str(site_dir), str(cache)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(site_dir), str(cache)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "35.0"
 
@@ -47,8 +58,14 @@ def test_a_hooked_process_records_its_cpu_compiles_and_cache_hits(tmp_path):
     both = run_ledger.summarize(run_ledger.read(ledger))
 
     assert first["processes"] == 1 and first["cpu_s"] > 0 and not first["hook_missing"]
-    assert first["compiles"] >= 1 and first["cache_hits"] == 0 and first["cache_misses"] == first["compiles"]
-    assert both["processes"] == 2 and both["compiles"] == first["compiles"]  # nothing compiled the second time
+    assert (
+        first["compiles"] >= 1
+        and first["cache_hits"] == 0
+        and first["cache_misses"] == first["compiles"]
+    )
+    assert (
+        both["processes"] == 2 and both["compiles"] == first["compiles"]
+    )  # nothing compiled the second time
     assert both["cache_hits"] == first["cache_misses"]
     assert both["keys_missed_more_than_once"] == 0
     rows = run_ledger.read(ledger)
@@ -62,22 +79,29 @@ def test_a_hooked_process_records_its_cpu_compiles_and_cache_hits(tmp_path):
 
 
 def test_two_site_folders_with_the_hook_record_a_process_once(tmp_path):
-    """Under ``make test-ledger`` the venv has the line and so does the test's own folder: one record, not two."""
+    """Under ``make test-ledger`` the venv has the line and so does the test's own folder: one
+    record, not two."""
     sites = [tmp_path / "venv-site", tmp_path / "test-site"]
     for site_dir in sites:
         site_dir.mkdir()
         run_ledger.install(str(site_dir))
     ledger = tmp_path / "ledger.jsonl"
     program = "import site, sys; [site.addsitedir(d) for d in sys.argv[1:]]"
-    subprocess.run([sys.executable, "-c", program, *map(str, sites)], check=True, timeout=60,
-                   env={**os.environ, run_ledger.ENV: str(ledger)})
+    subprocess.run(
+        [sys.executable, "-c", program, *map(str, sites)],
+        check=True,
+        timeout=60,
+        env={**os.environ, run_ledger.ENV: str(ledger)},
+    )
     assert [r["k"] for r in run_ledger.read(ledger)] == ["proc"]
 
 
 def test_a_cache_that_is_missed_twice_is_counted(tmp_path):
-    rows = [{"k": "read", "pid": 1, "s": 0.0, "key": "k1", "hit": False},
-            {"k": "read", "pid": 2, "s": 0.0, "key": "k1", "hit": False},
-            {"k": "read", "pid": 2, "s": 0.0, "key": "k2", "hit": False}]
+    rows = [
+        {"k": "read", "pid": 1, "s": 0.0, "key": "k1", "hit": False},
+        {"k": "read", "pid": 2, "s": 0.0, "key": "k1", "hit": False},
+        {"k": "read", "pid": 2, "s": 0.0, "key": "k2", "hit": False},
+    ]
     assert run_ledger.summarize(rows)["keys_missed_more_than_once"] == 1
 
 

@@ -15,7 +15,9 @@ from tutorial_utils.perfmodel.records import validate_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = run_status.build_description(False, None, 4)
-CHAPTER = "---\njupytext: {}\n---\n\n# 9. A chapter\n\nIntro.\n\n```{code-cell} ipython3\nx = 1\n```\n"
+CHAPTER = (
+    "---\njupytext: {}\n---\n\n# 9. A chapter\n\nIntro.\n\n```{code-cell} ipython3\nx = 1\n```\n"
+)
 
 
 def _cpu_record() -> dict:
@@ -33,8 +35,12 @@ def _gpu_record() -> dict:
     record = _cpu_record()
     record["source"] = "gpu"
     record["created"] = "2026-12-02T10:00:00+00:00"
-    record["hardware"] = {**record["hardware"], "platform": "gpu", "device_kind": "NVIDIA H200",
-                          "device_count": 1}
+    record["hardware"] = {
+        **record["hardware"],
+        "platform": "gpu",
+        "device_kind": "NVIDIA H200",
+        "device_count": 1,
+    }
     return record
 
 
@@ -62,7 +68,11 @@ def test_a_gpu_record_is_named_without_a_hand_edit(tmp_path):
 
 def test_many_gpu_records_are_summarised(tmp_path):
     for day in range(1, 6):
-        _write(tmp_path, f"gpu-{day}.json", {**_gpu_record(), "created": f"2026-12-0{day}T00:00:00+00:00"})
+        _write(
+            tmp_path,
+            f"gpu-{day}.json",
+            {**_gpu_record(), "created": f"2026-12-0{day}T00:00:00+00:00"},
+        )
     text = run_status.status_text(run_status.gpu_records(tmp_path), BUILD)
     assert "gpu-5.json" in text and "gpu-1.json" not in text and "and 2 more" in text
 
@@ -73,7 +83,9 @@ def test_box_goes_under_every_chapter_title_and_at_the_landing_marker():
     assert chapter.index("{admonition} How this page ran") > title
     assert chapter.index("{admonition} How this page ran") < chapter.index("Intro.")
     assert chapter.startswith("---\njupytext")  # the front matter stays first
-    index = run_status.insert_box("index", f"# Site\n\nText.\n\n{run_status.MARKER}\n\n## Chapters\n", [], BUILD)
+    index = run_status.insert_box(
+        "index", f"# Site\n\nText.\n\n{run_status.MARKER}\n\n## Chapters\n", [], BUILD
+    )
     assert run_status.MARKER not in index and index.index("What ran where") > index.index("Text.")
     assert run_status.insert_box("docs/faq", "# FAQ\n", [], BUILD) == "# FAQ\n"
     with pytest.raises(ValueError, match="notebooks/x: no '# ' title line"):
@@ -92,17 +104,26 @@ def test_every_chapter_and_the_landing_page_get_the_box():
         docname = path.relative_to(ROOT).with_suffix("").as_posix()
         text = run_status.insert_box(docname, path.read_text(), recs, BUILD)
         assert text.count(run_status.STATUS_CLASS) == 1, docname
-        assert "**How this notebook runs.**" not in text, f"{docname} still has a hand-written paragraph"
+        assert "**How this notebook runs.**" not in text, (
+            f"{docname} still has a hand-written paragraph"
+        )
     index = (ROOT / "index.md").read_text()
     assert run_status.MARKER in index
     assert run_status.STATUS_CLASS in run_status.insert_box("index", index, recs, BUILD)
 
 
 def test_claims_resting_on_the_stand_in_are_labelled():
-    """The label links the FAQ entry that says what it means; the pages that state such claims use it."""
+    """The label links the FAQ entry that says what it means; the pages that state such claims use
+    it."""
     faq = (ROOT / "docs" / "faq.md").read_text()
     assert f"({run_status.STANDIN_TARGET})=" in faq
     label = f"{run_status.STANDIN_LABEL} <{run_status.STANDIN_TARGET}>"
-    for page in ("notebooks/01_packed_thd_inputs.md", "notebooks/03_fused_attention_call.md",
-                 "notebooks/05b_te_cp_runs.md", "docs/faq.md"):
-        assert label in (ROOT / page).read_text(), f"{page}: an unlabelled claim about what cuDNN writes"
+    for page in (
+        "notebooks/01_packed_thd_inputs.md",
+        "notebooks/03_fused_attention_call.md",
+        "notebooks/05b_te_cp_runs.md",
+        "docs/faq.md",
+    ):
+        assert label in (ROOT / page).read_text(), (
+            f"{page}: an unlabelled claim about what cuDNN writes"
+        )

@@ -10,15 +10,15 @@ import pathlib
 
 import numpy as np
 import pytest
-
 from seed_script import extract_code, find_seed, port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEED = find_seed(ROOT)
 
 SIZE_SWAPS = {
-    "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 65536, 128, 8, 128":
-        "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 1024, 16, 2, 32",
+    "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 65536, 128, 8, 128": (
+        "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 1024, 16, 2, 32"
+    ),
     "window_size = (8192, 0)": "window_size = (128, 0)",
     "dtype = jnp.bfloat16": "dtype = jnp.float32",
     "timing_iters = 5": "timing_iters = 1",
@@ -27,7 +27,7 @@ SIZE_SWAPS = {
 }
 
 # Two helpers the published page calls but does not show.
-MISSING_HELPERS = '''
+MISSING_HELPERS = """
 def _single_gpu_grad_fn():
     def loss_fn(qkv_arg, seq_desc_arg, dout_arg):
         out = fused_thd_attention(qkv_arg, seq_desc_arg)
@@ -36,14 +36,18 @@ def _single_gpu_grad_fn():
 
 
 def _strategy_name(strategy):
-    return {CPStrategy.RING: "Ring", CPStrategy.ALL_GATHER: "AllGather", CPStrategy.DEFAULT: "AllGather"}[strategy]
-'''
+    return {CPStrategy.RING: "Ring", CPStrategy.ALL_GATHER: "AllGather", CPStrategy.DEFAULT:
+    "AllGather"}[strategy]
+"""
 
 
 @pytest.fixture(scope="module")
 def seed_ns():
     if SEED is None:
-        pytest.skip("the seed tutorial document (../shared/seeds/000_*.txt) is not present beside this checkout")
+        pytest.skip(
+            "the seed tutorial document (../shared/seeds/000_*.txt) is not present beside this"
+            " checkout"
+        )
     code = port(extract_code(SEED.read_text()))
     for old, new in SIZE_SWAPS.items():
         assert old in code, f"seed no longer contains {old!r}"
@@ -63,7 +67,9 @@ def test_only_imports_were_changed():
     assert all("transformer_engine" in a and "tutorial_utils.te" in b for a, b in changed)
 
 
-@pytest.mark.parametrize("strategy_name, stripe_attr", [("RING", "ring_stripe_size"), ("ALL_GATHER", "ag_stripe_size")])
+@pytest.mark.parametrize(
+    "strategy_name, stripe_attr", [("RING", "ring_stripe_size"), ("ALL_GATHER", "ag_stripe_size")]
+)
 def test_seed_cp_case_matches_single_device(seed_ns, strategy_name, stripe_attr):
     ns = seed_ns
     strategy = getattr(ns["CPStrategy"], strategy_name)
@@ -76,14 +82,22 @@ def test_seed_cp_case_matches_single_device(seed_ns, strategy_name, stripe_attr)
     np.testing.assert_allclose(np.asarray(result["output"]), np.asarray(out0), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(float(result["loss"]), float(loss0), rtol=1e-5)
     for g_cp, g0 in zip(result["grads"], grads0):
-        np.testing.assert_allclose(np.asarray(inv(g_cp, stripe)), np.asarray(g0), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(inv(g_cp, stripe)), np.asarray(g0), atol=1e-5, rtol=1e-5
+        )
     pad = np.asarray(ns["segment_ids"]) == 0
     assert pad.any() and np.all(np.asarray(out0)[pad] == 0.0)
 
 
 def test_seed_benchmarks_run(seed_ns, capsys):
     single = seed_ns["run_single_gpu_bench"]()
-    seed_ns["run_context_parallel_bench"](seed_ns["CPStrategy"].RING, seed_ns["ring_stripe_size"], single)
+    seed_ns["run_context_parallel_bench"](
+        seed_ns["CPStrategy"].RING, seed_ns["ring_stripe_size"], single
+    )
     text = capsys.readouterr().out
-    assert "Mean time:" in text and "THD CP Ring stripe_size=1" in text and "Speedup vs single GPU" in text
+    assert (
+        "Mean time:" in text
+        and "THD CP Ring stripe_size=1" in text
+        and "Speedup vs single GPU" in text
+    )
     assert single > 0

@@ -46,6 +46,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from site_pages import chapters
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,18 @@ HTML = BUILD / "html"
 ARTIFACTS = ROOT / "test-artifacts"
 
 # The same command as the Makefile's `docs` target, run from the repository root.
-SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"]
+SPHINX_ARGS = [
+    "-m",
+    "sphinx",
+    "-b",
+    "html",
+    "-W",
+    "--keep-going",
+    "-j",
+    "1",
+    ".",
+    "_build_test/html",
+]
 BUILD_TIMEOUT_S = 900
 UNCHANGED_REBUILD_LIMIT_S = 15.0
 
@@ -75,17 +87,7 @@ CODE_WIDTH = 88
 # Generated pages that are not content pages.
 SKIP_PAGES = {"search.html", "genindex.html", "py-modindex.html"}
 
-CHAPTERS = [
-    "notebooks/01_packed_thd_inputs",
-    "notebooks/02_cp_mesh",
-    "notebooks/03_fused_attention_call",
-    "notebooks/04_striped_load_balancing",
-    "notebooks/05a_cp_algorithms",
-    "notebooks/05b_te_cp_runs",
-    "notebooks/06_when_does_cp_pay_off",
-    "notebooks/07_cp_in_a_model",
-    "notebooks/08_te_flax_layer",
-]
+CHAPTERS = chapters()  # from index.md's table of contents
 
 
 # --------------------------------------------------------------------------- build
@@ -102,8 +104,15 @@ def _run_sphinx(log_name: str) -> float:
             # the reference backend the unit tests pin in conftest.py
             # the unit tests pin in conftest.py; and with conf.py's four simulated devices, not the
             # tests' eight
-            env={**{k: v for k, v in os.environ.items() if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")},
-                 "CP_TUTORIAL_BUILD_DIR": str(BUILD), "CP_TUTORIAL_RECORDS_DIR": str(BUILD / "records")},
+            env={
+                **{
+                    k: v
+                    for k, v in os.environ.items()
+                    if k not in ("TUTORIAL_TE_BACKEND", "XLA_FLAGS")
+                },
+                "CP_TUTORIAL_BUILD_DIR": str(BUILD),
+                "CP_TUTORIAL_RECORDS_DIR": str(BUILD / "records"),
+            },
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
@@ -112,14 +121,16 @@ def _run_sphinx(log_name: str) -> float:
         out = err.stdout or ""
         if isinstance(out, bytes):
             out = out.decode(errors="replace")
-        pytest.fail(f"site build ({log_name}) exceeded {BUILD_TIMEOUT_S} s; last output:\n{out[-4000:]}")
+        pytest.fail(
+            f"site build ({log_name}) exceeded {BUILD_TIMEOUT_S} s; last output:\n{out[-4000:]}"
+        )
     elapsed = time.perf_counter() - start
     log = proc.stdout + "\n--- stderr ---\n" + proc.stderr
     (ARTIFACTS / f"{log_name}.log").write_text(log)
     if proc.returncode != 0:
         pytest.fail(
-            f"site build ({log_name}) failed with exit code {proc.returncode}: "
-            f"`python {' '.join(SPHINX_ARGS)}` (full log: test-artifacts/{log_name}.log). Last lines:\n"
+            f"site build ({log_name}) failed with exit code {proc.returncode}: `python"
+            f" {' '.join(SPHINX_ARGS)}` (full log: test-artifacts/{log_name}.log). Last lines:\n"
             + "\n".join(log.splitlines()[-60:])
         )
     return elapsed
@@ -145,7 +156,7 @@ def built_site() -> BuildInfo:
         "unchanged_rebuild_limit_s": UNCHANGED_REBUILD_LIMIT_S,
         "command": f"python {' '.join(SPHINX_ARGS)}",
         "python": sys.executable,
-        "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "measured": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     (ARTIFACTS / "build-times.json").write_text(json.dumps(times, indent=2) + "\n")
     return BuildInfo(clean_s, rebuild_s)
@@ -181,7 +192,9 @@ def _chromium_path() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.fail("No Chromium found on PATH (or in CHROMIUM_PATH): run `bash tests/setup_machine.sh`.")
+    pytest.fail(
+        "No Chromium found on PATH (or in CHROMIUM_PATH): run `bash tests/setup_machine.sh`."
+    )
 
 
 @pytest.fixture(scope="session")
@@ -189,7 +202,10 @@ def browser(built_site):
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("The playwright package is missing: `pip install -e '.[test]'` or `bash tests/setup_machine.sh`.")
+        pytest.fail(
+            "The playwright package is missing: `pip install -e '.[test]'` or `bash"
+            " tests/setup_machine.sh`."
+        )
     pw = sync_playwright().start()
     try:
         b = pw.chromium.launch(executable_path=_chromium_path(), headless=True, args=CHROMIUM_FLAGS)
@@ -209,7 +225,8 @@ async () => {
   await Promise.all(imgs.map(img => {
     if (img.loading === 'lazy') img.loading = 'eager';
     if (img.complete) return null;
-    return new Promise(resolve => { img.addEventListener('load', resolve); img.addEventListener('error', resolve); });
+    return new Promise(resolve => { img.addEventListener('load', resolve);
+    img.addEventListener('error', resolve); });
   }));
   const article = document.querySelector('article') || document.body;
   return imgs.map(img => ({
@@ -221,7 +238,8 @@ async () => {
 """
 
 _LINKS_JS = """
-() => Array.from(document.querySelectorAll('a[href]')).map(a => ({raw: a.getAttribute('href'), url: a.href}))
+() => Array.from(document.querySelectorAll('a[href]')).map(a => ({raw: a.getAttribute('href'), url:
+a.href}))
 """
 
 
@@ -255,7 +273,8 @@ _LAYOUT_JS = r"""
         const range = document.createRange();
         range.setStart(node, m.index);
         range.setEnd(node, m.index + m[0].length);
-        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r => Math.round(r.top)));
+        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r =>
+        Math.round(r.top)));
         if (tops.size > 1) broken.push(m[0]);
       }
     }
@@ -268,7 +287,8 @@ _LAYOUT_JS = r"""
 # The page's height as a reader first sees it (hidden cells closed).
 _HEIGHT_JS = "() => document.documentElement.scrollHeight"
 
-# Number of formulas MathJax typeset, after its start-up promise resolves (0 on pages without maths).
+# Number of formulas MathJax typeset, after its start-up promise resolves (0 on pages without
+# maths).
 _MATH_JS = """() => (window.MathJax && MathJax.startup && MathJax.startup.promise)
     ? MathJax.startup.promise.then(() => document.querySelectorAll('mjx-container').length) : 0"""
 
@@ -326,10 +346,25 @@ def crawl(browser, server) -> Crawl:
         context.route("**/*", route)
         res = PageResult(rel)
         page = context.new_page()
-        page.on("console", lambda msg, r=res: r.console_errors.append(f"{msg.text} @ {msg.location}") if msg.type == "error" else None)
+        page.on(
+            "console",
+            lambda msg, r=res: (
+                r.console_errors.append(f"{msg.text} @ {msg.location}")
+                if msg.type == "error"
+                else None
+            ),
+        )
         page.on("pageerror", lambda exc, r=res: r.page_errors.append(str(exc)))
-        page.on("requestfailed", lambda req, r=res: r.failed_requests.append(f"{req.url}: {req.failure}"))
-        page.on("response", lambda resp, r=res: r.bad_responses.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None)
+        page.on(
+            "requestfailed",
+            lambda req, r=res: r.failed_requests.append(f"{req.url}: {req.failure}"),
+        )
+        page.on(
+            "response",
+            lambda resp, r=res: (
+                r.bad_responses.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None
+            ),
+        )
         page.goto(f"{server}/{rel}", wait_until="load")
         page.wait_for_load_state("networkidle")
         res.images = page.evaluate(_IMAGES_JS)
@@ -345,7 +380,9 @@ def crawl(browser, server) -> Crawl:
             page.screenshot(path=str(ARTIFACTS / "chapter.png"), full_page=True)
         context.close()
         results[rel] = res
-    (ARTIFACTS / "external-requests.json").write_text(json.dumps(sorted(set(external)), indent=2) + "\n")
+    (ARTIFACTS / "external-requests.json").write_text(
+        json.dumps(sorted(set(external)), indent=2) + "\n"
+    )
     heights = {rel: res.height for rel, res in results.items()}
     (ARTIFACTS / "page-heights.json").write_text(json.dumps(heights, indent=2) + "\n")
     return Crawl(server, results, external)
@@ -362,7 +399,7 @@ class _IdCollector(HTMLParser):
                 self.ids.add(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ids_in(path: Path) -> frozenset:
     parser = _IdCollector()
     parser.feed(path.read_text(encoding="utf-8", errors="replace"))
@@ -379,8 +416,9 @@ def _format(problems: dict) -> str:
 def test_unchanged_rebuild_is_fast(built_site):
     assert (ARTIFACTS / "build-times.json").is_file()
     assert built_site.rebuild_s <= UNCHANGED_REBUILD_LIMIT_S, (
-        f"an unchanged rebuild took {built_site.rebuild_s:.1f} s (limit {UNCHANGED_REBUILD_LIMIT_S} s): "
-        "something forces re-reading or re-executing; see test-artifacts/build-unchanged.log"
+        f"an unchanged rebuild took {built_site.rebuild_s:.1f} s (limit"
+        f" {UNCHANGED_REBUILD_LIMIT_S} s): something forces re-reading or re-executing; see"
+        " test-artifacts/build-unchanged.log"
     )
 
 
@@ -392,8 +430,11 @@ def test_landing_page_is_site_root(built_site):
 
 
 def test_every_source_page_is_built(built_site):
-    sources = ["index.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")),
-               *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.md"))]
+    sources = [
+        "index.md",
+        *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")),
+        *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.md")),
+    ]
     missing = [s for s in sources if not (HTML / Path(s).with_suffix(".html")).is_file()]
     assert not missing, f"source files without a built page: {missing}"
     for chapter in CHAPTERS:
@@ -446,11 +487,17 @@ def test_internal_links_resolve(crawl):
             if url.path.endswith("/"):
                 target = target / "index.html"
             if not target.is_file():
-                bad.append(f"{link['raw']!r} -> missing file {target.relative_to(HTML) if target.is_relative_to(HTML) else target}")
+                bad.append(
+                    f"{link['raw']!r} -> missing file"
+                    f" {target.relative_to(HTML) if target.is_relative_to(HTML) else target}"
+                )
                 continue
             fragment = unquote(url.fragment)
             if fragment and target.suffix == ".html" and fragment not in _ids_in(target):
-                bad.append(f"{link['raw']!r} -> no element with id {fragment!r} in {target.relative_to(HTML)}")
+                bad.append(
+                    f"{link['raw']!r} -> no element with id {fragment!r} in"
+                    f" {target.relative_to(HTML)}"
+                )
         if bad:
             problems[rel] = sorted(set(bad))
     assert not problems, "broken internal links:\n" + _format(problems)
@@ -462,7 +509,9 @@ def test_chapter_shows_backend_and_figure(crawl, chapter):
     assert res is not None, f"{chapter}.html was not crawled"
     assert "Backend:" in res.text, f"{chapter} does not print its 'Backend:' line"
     figures = [img for img in res.images if img["inArticle"] and img["width"] > 0]
-    assert figures, f"{chapter} shows no rendered figure (no <img> with naturalWidth > 0 in the article)"
+    assert figures, (
+        f"{chapter} shows no rendered figure (no <img> with naturalWidth > 0 in the article)"
+    )
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -470,8 +519,9 @@ def test_chapter_offers_its_notebook(crawl, chapter):
     """The page links its executed notebook, and the file is a notebook of that chapter."""
     res = crawl.pages.get(f"{chapter}.html")
     name = Path(chapter).name + ".ipynb"
-    assert res is not None and any(urlsplit(link["url"]).path.endswith("/" + name) for link in res.links), (
-        f"{chapter} has no link to {name}")
+    assert res is not None and any(
+        urlsplit(link["url"]).path.endswith("/" + name) for link in res.links
+    ), f"{chapter} has no link to {name}"
     notebook = json.loads((HTML / "notebooks" / name).read_text())
     code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
     assert code and any(c.get("outputs") for c in code), f"{name} has no executed code cells"
@@ -487,7 +537,9 @@ def test_formulas_render_offline(crawl):
 def test_screenshots_saved(crawl):
     for name in ("landing.png", "chapter.png"):
         path = ARTIFACTS / name
-        assert path.is_file() and path.stat().st_size > 10_000, f"screenshot {name} missing or empty"
+        assert path.is_file() and path.stat().st_size > 10_000, (
+            f"screenshot {name} missing or empty"
+        )
 
 
 # --------------------------------------------------------------------------- rendering (every page)
@@ -497,7 +549,11 @@ def test_code_and_output_never_soft_wrap(crawl):
     """Source and printed output keep their lines (Python's indentation depends on it)."""
     problems = {}
     for rel, res in crawl.pages.items():
-        bad = [f"{p['head']!r} wraps (white-space {', '.join(p['wraps'])})" for p in res.layout["pres"] if p["wraps"]]
+        bad = [
+            f"{p['head']!r} wraps (white-space {', '.join(p['wraps'])})"
+            for p in res.layout["pres"]
+            if p["wraps"]
+        ]
         if bad:
             problems[rel] = bad[:5] + ([f"... and {len(bad) - 5} more"] if len(bad) > 5 else [])
     assert crawl.pages and all("pres" in r.layout for r in crawl.pages.values())
@@ -505,23 +561,38 @@ def test_code_and_output_never_soft_wrap(crawl):
 
 
 def test_no_code_box_clips_a_line_at_1280px(crawl):
-    """A line wider than its box scrolls horizontally (overflow-x auto/scroll), inside the article."""
+    """A line wider than its box scrolls horizontally (overflow-x auto/scroll), inside the
+    article."""
     problems = {}
     for rel, res in crawl.pages.items():
-        bad = [f"{p['head']!r}: " + ("wider than its box, which does not scroll" if p["overflowing"] and not p["scrolls"]
-                                     else "sticks out of the article")
-               for p in res.layout["pres"] if (p["overflowing"] and not p["scrolls"]) or p["sticksOut"]]
-        # a code cell's lines are at most CODE_WIDTH characters (test_chapter_code.py): they fit, no scrolling
-        bad += [f"{p['head']!r}: a {p['longest']}-character code line does not fit its box"
-                for p in res.layout["pres"] if p["source"] and p["longest"] <= CODE_WIDTH and p["overflowing"]]
+        bad = [
+            f"{p['head']!r}: "
+            + (
+                "wider than its box, which does not scroll"
+                if p["overflowing"] and not p["scrolls"]
+                else "sticks out of the article"
+            )
+            for p in res.layout["pres"]
+            if (p["overflowing"] and not p["scrolls"]) or p["sticksOut"]
+        ]
+        # a code cell's lines are at most CODE_WIDTH characters (test_chapter_code.py): they fit, no
+        # scrolling
+        bad += [
+            f"{p['head']!r}: a {p['longest']}-character code line does not fit its box"
+            for p in res.layout["pres"]
+            if p["source"] and p["longest"] <= CODE_WIDTH and p["overflowing"]
+        ]
         if bad:
             problems[rel] = bad[:5]
     assert not problems, "code boxes that clip lines at 1280 px:\n" + _format(problems)
 
 
 def test_tables_do_not_break_words(crawl):
-    problems = {rel: [f"broken word: {w!r}" for w in sorted(set(res.layout["broken"]))][:8]
-                for rel, res in crawl.pages.items() if res.layout["broken"]}
+    problems = {
+        rel: [f"broken word: {w!r}" for w in sorted(set(res.layout["broken"]))][:8]
+        for rel, res in crawl.pages.items()
+        if res.layout["broken"]
+    }
     assert not problems, "table cells that break a word across lines:\n" + _format(problems)
 
 
@@ -530,8 +601,11 @@ def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
     from tutorial_utils.pages import run_status
 
     recs = run_status.gpu_records(ROOT / "results")
-    expected = ([f"results/{Path(r['_path']).name}" for r in recs[-run_status.MAX_NAMED:]] if recs
-                else [run_status.NO_GPU_TEXT.replace("`", "")])
+    expected = (
+        [f"results/{Path(r['_path']).name}" for r in recs[-run_status.MAX_NAMED :]]
+        if recs
+        else [run_status.NO_GPU_TEXT.replace("`", "")]
+    )
     pages = ["index.html", *sorted(rel for rel in crawl.pages if rel.startswith("notebooks/"))]
     assert len(pages) > len(CHAPTERS), "no chapter pages were crawled"
     problems = {}
@@ -549,7 +623,8 @@ def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
 
 
 def test_support_matrix_page_shows_the_record(crawl):
-    """docs/support_matrix: the executed table of TE's verdicts, its backend line, and refusals linked to rules."""
+    """docs/support_matrix: the executed table of TE's verdicts, its backend line, and refusals
+    linked to rules."""
     from tutorial_utils.cli import support_matrix as sm
 
     res = crawl.pages.get("docs/support_matrix.html")
@@ -560,13 +635,18 @@ def test_support_matrix_page_shows_the_record(crawl):
         assert label in res.text, f"the matrix lacks the column {label!r}"
     for row in record["rows"]:
         assert row["label"] in res.text, f"the matrix lacks the row {row['label']!r}"
-    refused = [c for row in record["rows"] for c in row["cells"].values() if c["verdict"] == "refused"]
+    refused = [
+        c for row in record["rows"] for c in row["cells"].values() if c["verdict"] == "refused"
+    ]
     if refused:
-        assert any("faq.html#" in link["url"] for link in res.links), "refusals are not linked to the FAQ"
+        assert any("faq.html#" in link["url"] for link in res.links), (
+            "refusals are not linked to the FAQ"
+        )
 
 
 def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
-    """docs/recipes: every examples/*.py in full (literalinclude) and the output its run printed at build time."""
+    """docs/recipes: every examples/*.py in full (literalinclude) and the output its run printed at
+    build time."""
     import re
 
     res = crawl.pages.get("docs/recipes.html")
@@ -576,19 +656,29 @@ def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
     for path in recipes:
         lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
         missing = [line for line in lines if line not in res.text]
-        assert not missing, f"{path.name}: {len(missing)} of its lines are not on the page, e.g. {missing[:2]}"
-    banners = re.findall(r"te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 .* on (\d+) simulated CPU devices", res.text)
-    if not banners:  # a GPU build runs the recipes directly: their result lines still name the device count
+        assert not missing, (
+            f"{path.name}: {len(missing)} of its lines are not on the page, e.g. {missing[:2]}"
+        )
+    banners = re.findall(
+        r"te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 .* on (\d+) simulated CPU devices",
+        res.text,
+    )
+    if (
+        not banners
+    ):  # a GPU build runs the recipes directly: their result lines still name the device count
         assert "cp=" in res.text
     else:
         assert len(banners) == len(recipes) and set(banners) == {"4"}, banners  # one per recipe run
-    # each recipe's four-device run, as tests/test_examples.py checks its other runs (tests/recipe_runs.py)
+    # each recipe's four-device run, as tests/test_examples.py checks its other runs
+    # (tests/recipe_runs.py)
     from recipe_runs import FLAX_REFUSAL, ON_THE_RECIPES_PAGE, check_result_lines
 
     lines = res.text.splitlines()
     for _, _, says in ON_THE_RECIPES_PAGE:
         check_result_lines(lines, says)
     refusal = [line for line in lines if line.strip().startswith(FLAX_REFUSAL[0])]
-    assert refusal and FLAX_REFUSAL[1] in refusal[0], "the Flax recipe's AllGather refusal is not on the page"
+    assert refusal and FLAX_REFUSAL[1] in refusal[0], (
+        "the Flax recipe's AllGather refusal is not on the page"
+    )
     for says in ("check_layout: examples/packed_batch.npz", "verdict:"):
         assert says in res.text, f"the recipes page lacks {says!r}"

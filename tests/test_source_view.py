@@ -11,7 +11,10 @@ from tutorial_utils.pages.source_view import SourceCode, show_source
 def test_shows_the_package_source_with_its_file_and_lines():
     shown = show_source(merge_partial)
     text = shown._repr_markdown_()
-    assert text.startswith("`tutorial_utils.context_parallel.merge_partial` (src/tutorial_utils/context_parallel.py, lines ")
+    assert text.startswith(
+        "`tutorial_utils.context_parallel.merge_partial` (src/tutorial_utils/context_parallel.py,"
+        " lines "
+    )
     assert "```python\n" + inspect.getsource(merge_partial).rstrip() + "\n```" in text
     _, first = inspect.getsourcelines(ring_attention_shard)
     assert f"lines {first}-" in show_source(ring_attention_shard).markdown()

@@ -1,7 +1,8 @@
 """The stored support matrix (results/support_matrix/) is what TE's code computes today.
 
 ``make support-matrix`` computes every cell (minutes); here a sample is recomputed on every
-run (a right CP cell, BSHD bias on one device, one refusal, the first wrong cell if the record has one) and must
+run (a right CP cell, BSHD bias on one device, one refusal, the first wrong cell if the record has
+one) and must
 give the stored verdict, message or error. The record must also cover every row and column
 the tool defines, and its counts must add up.
 """
@@ -18,10 +19,19 @@ STORED = {r["id"]: r["cells"] for r in RECORD["rows"]}
 
 
 def _sample():
-    # a right CP cell, and BSHD bias on one device (the stand-in's bias backward once added a zero sink)
+    # a right CP cell, and BSHD bias on one device (the stand-in's bias backward once added a zero
+    # sink)
     cells = [("thd-padding-causal", "allgather-stripe4"), ("bshd-bias", "single")]
     for verdict in ("refused", "wrong"):
-        found = next(((row, col) for row, cs in STORED.items() for col, c in cs.items() if c["verdict"] == verdict), None)
+        found = next(
+            (
+                (row, col)
+                for row, cs in STORED.items()
+                for col, c in cs.items()
+                if c["verdict"] == verdict
+            ),
+            None,
+        )
         if found:
             cells.append(found)
     return cells

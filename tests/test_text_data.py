@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 
 from tutorial_utils.reorder import ReorderStrategy, inverse_reorder_causal_load_balancing
-from tutorial_utils.text_data import (VOCAB_SIZE, check_batch_for_mesh, decode, encode, load_documents,
-                                      make_batches, pack_documents, reorder_for_cp)
+from tutorial_utils.text_data import (
+    VOCAB_SIZE,
+    check_batch_for_mesh,
+    decode,
+    encode,
+    load_documents,
+    make_batches,
+    pack_documents,
+    reorder_for_cp,
+)
 from tutorial_utils.validation import validate_packed_inputs
 
 FIELDS = ("tokens", "targets", "loss_mask", "segment_ids", "segment_pos")
@@ -21,7 +29,9 @@ def docs():
 @pytest.fixture(scope="module")
 def natural(docs):
     # 13-token segments in 16-token slots: every segment is followed by 3 padding tokens
-    return pack_documents(docs, batch=4, seq_len=64, max_segments_per_seq=4, segment_len=13, align=4)
+    return pack_documents(
+        docs, batch=4, seq_len=64, max_segments_per_seq=4, segment_len=13, align=4
+    )
 
 
 def test_encode_decode_round_trip_non_ascii():
@@ -31,7 +41,9 @@ def test_encode_decode_round_trip_non_ascii():
     assert len(ids) == len(text.encode("utf-8")) > len(text)  # one token per byte
     assert decode(ids) == text
     assert np.array_equal(encode(text.encode("utf-8")), ids)
-    assert decode(encode("世")[:2]) == "\ufffd"  # a cut multi-byte character is replaced, not raised
+    assert (
+        decode(encode("世")[:2]) == "\ufffd"
+    )  # a cut multi-byte character is replaced, not raised
     with pytest.raises(ValueError, match=r"ids must be integers in 0\.\.255"):
         decode([72, 256])
     with pytest.raises(ValueError, match="text must be str or bytes, got int"):
@@ -40,16 +52,26 @@ def test_encode_decode_round_trip_non_ascii():
 
 def test_documents_are_real_text_in_a_fixed_order():
     first = load_documents(max_docs=3)
-    assert first == load_documents()[:3] and all(isinstance(d, bytes) and len(d) > 100 for d in first)
+    assert first == load_documents()[:3] and all(
+        isinstance(d, bytes) and len(d) > 100 for d in first
+    )
     assert decode(encode(first[0])).startswith('The "assert" statement')
     with pytest.raises(ValueError, match=r"max_docs=0 must be a positive int"):
         load_documents(max_docs=0)
 
 
 def test_packing_invariants(natural, docs):
-    ids, pos, tokens, targets, mask = (natural.segment_ids, natural.segment_pos, natural.tokens,
-                                       natural.targets, natural.loss_mask)
-    assert all(getattr(natural, f).shape == (4, 64) and getattr(natural, f).dtype == np.int32 for f in FIELDS)
+    ids, pos, tokens, targets, mask = (
+        natural.segment_ids,
+        natural.segment_pos,
+        natural.tokens,
+        natural.targets,
+        natural.loss_mask,
+    )
+    assert all(
+        getattr(natural, f).shape == (4, 64) and getattr(natural, f).dtype == np.int32
+        for f in FIELDS
+    )
     assert (natural.cp_size, natural.stripe_size, natural.max_segments_per_seq) == (1, None, 4)
     validate_packed_inputs(ids, pos, max_segments_per_seq=4)
     assert (ids == 0).sum() == 4 * 4 * 3  # the padding the slots leave
@@ -60,7 +82,9 @@ def test_packing_invariants(natural, docs):
             assert targets[b, t] == (tokens[b, t + 1] if same_segment else 0)
         assert mask[b, 63] == 0
     assert not mask[ids == 0].any() and not tokens[ids == 0].any()
-    for b, s in zip(*np.nonzero(ids[:, :-1] != ids[:, 1:])):  # the last token of a segment has no target
+    for b, s in zip(
+        *np.nonzero(ids[:, :-1] != ids[:, 1:])
+    ):  # the last token of a segment has no target
         if ids[b, s] > 0:
             assert mask[b, s] == 0
     assert mask.sum() == 4 * 4 * 12  # 13 tokens each, 12 targets
@@ -93,12 +117,15 @@ def test_make_batches_is_deterministic_and_starts_over(docs):
 
 @pytest.mark.parametrize("cp_size, stripe_size", [(4, 1), (4, 2), (2, 4)])
 def test_reorder_moves_all_five_arrays_together(natural, cp_size, stripe_size):
-    striped = reorder_for_cp(natural, cp_size=cp_size, stripe_size=stripe_size, strategy="allgather")
+    striped = reorder_for_cp(
+        natural, cp_size=cp_size, stripe_size=stripe_size, strategy="allgather"
+    )
     assert (striped.cp_size, striped.stripe_size) == (cp_size, stripe_size)
     assert not np.array_equal(striped.tokens, natural.tokens)
     for field in FIELDS:
-        back = inverse_reorder_causal_load_balancing(getattr(striped, field), ReorderStrategy.Striped,
-                                                     cp_size, 1, stripe_size)
+        back = inverse_reorder_causal_load_balancing(
+            getattr(striped, field), ReorderStrategy.Striped, cp_size, 1, stripe_size
+        )
         assert np.array_equal(back, getattr(natural, field)), field
     # token t's target is still the token after it: the pairs survive the permutation
     pairs = lambda b: sorted(zip(b.tokens[b.loss_mask == 1], b.targets[b.loss_mask == 1]))  # noqa: E731
@@ -106,7 +133,9 @@ def test_reorder_moves_all_five_arrays_together(natural, cp_size, stripe_size):
 
 
 def test_reorder_checks_the_layout_first(natural):
-    with pytest.raises(ValueError, match=r"window_size=\(1, 0\) with strategy='ring' and cp_size=4"):
+    with pytest.raises(
+        ValueError, match=r"window_size=\(1, 0\) with strategy='ring' and cp_size=4"
+    ):
         reorder_for_cp(natural, cp_size=4, stripe_size=1, strategy="ring", window_size=(1, 0))
     with pytest.raises(ValueError, match=r"stripe_size=2 with strategy='ring'"):
         reorder_for_cp(natural, cp_size=4, stripe_size=2, strategy="ring")
@@ -119,8 +148,11 @@ def test_reordering_twice_is_refused(natural):
     with pytest.raises(ValueError, match=r"already reordered \(cp_size=4, stripe_size=1\)"):
         reorder_for_cp(striped, cp_size=4, stripe_size=1)
     relabelled = dataclasses.replace(striped, cp_size=1, stripe_size=None)  # the arrays still tell
-    with pytest.raises(ValueError, match=r"already reordered: the segment ids/positions look reordered for "
-                                          r"cp_size=4 although"):
+    with pytest.raises(
+        ValueError,
+        match=r"already reordered: the segment ids/positions look reordered for "
+        r"cp_size=4 although",
+    ):
         reorder_for_cp(relabelled, cp_size=2, stripe_size=1)
 
 
@@ -129,38 +161,64 @@ def test_check_batch_for_mesh(natural):
     with pytest.raises(ValueError, match=r"not reordered, but the mesh's CP axis has 4 devices"):
         check_batch_for_mesh(natural, cp_size=4, stripe_size=2)
     for_two = reorder_for_cp(natural, cp_size=2, stripe_size=2)
-    with pytest.raises(ValueError, match=r"reordered for cp_size=2, but the mesh's CP axis has 4 devices"):
+    with pytest.raises(
+        ValueError, match=r"reordered for cp_size=2, but the mesh's CP axis has 4 devices"
+    ):
         check_batch_for_mesh(for_two, cp_size=4, stripe_size=2)
     for_four = reorder_for_cp(natural, cp_size=4, stripe_size=2)
     check_batch_for_mesh(for_four, cp_size=4, stripe_size=2)
-    with pytest.raises(ValueError, match=r"reordered for cp_size=4, but the mesh's CP axis has 1 devices"):
+    with pytest.raises(
+        ValueError, match=r"reordered for cp_size=4, but the mesh's CP axis has 1 devices"
+    ):
         check_batch_for_mesh(for_four, cp_size=1, stripe_size=None)
     # arrays built by hand with metadata that lies: the arrays are checked, not only the labels
     lying = dataclasses.replace(natural, cp_size=4, stripe_size=2)
     with pytest.raises(ValueError, match=r"not reordered, but the mesh's CP axis has 4 devices"):
         check_batch_for_mesh(lying, cp_size=4, stripe_size=2)
     unlabelled = dataclasses.replace(for_four, cp_size=1, stripe_size=None)
-    with pytest.raises(ValueError, match=r"reordered with \(cp_size, stripe_size\)=\(1, 1\).*cp_size=4"):
+    with pytest.raises(
+        ValueError, match=r"reordered with \(cp_size, stripe_size\)=\(1, 1\).*cp_size=4"
+    ):
         check_batch_for_mesh(unlabelled, cp_size=4, stripe_size=2)
     # every array striped but the positions: no CP size explains it, and it is refused
     positions_left = dataclasses.replace(for_four, segment_pos=natural.segment_pos)
-    with pytest.raises(ValueError, match=r"undoing the reorder for cp_size=4, stripe_size=2 does not give a packed "
-                                         r"batch.*positions included"):
+    with pytest.raises(
+        ValueError,
+        match=r"undoing the reorder for cp_size=4, stripe_size=2 does not give a packed "
+        r"batch.*positions included",
+    ):
         check_batch_for_mesh(positions_left, cp_size=4, stripe_size=2)
 
 
 def test_paragraph_packing_gives_many_lengths_and_padding(docs):
-    whole = make_batches(docs, 3, batch=4, seq_len=256, max_segments_per_seq=4, segment_len=96, align=8)
-    paras = make_batches(docs, 3, batch=4, seq_len=256, max_segments_per_seq=4, segment_len=96, align=8,
-                         by_paragraph=True)
+    whole = make_batches(
+        docs, 3, batch=4, seq_len=256, max_segments_per_seq=4, segment_len=96, align=8
+    )
+    paras = make_batches(
+        docs,
+        3,
+        batch=4,
+        seq_len=256,
+        max_segments_per_seq=4,
+        segment_len=96,
+        align=8,
+        by_paragraph=True,
+    )
 
     def lengths(batches):
-        return [int(np.sum(row == s)) for b in batches for row in b.segment_ids for s in range(1, row.max() + 1)]
+        return [
+            int(np.sum(row == s))
+            for b in batches
+            for row in b.segment_ids
+            for s in range(1, row.max() + 1)
+        ]
 
     assert len(set(lengths(paras))) > 10 and len(set(lengths(whole))) < len(set(lengths(paras)))
     assert all((b.segment_ids == 0).any(axis=1).all() for b in paras)  # every row ends in padding
     text = decode(paras[0].tokens[0][paras[0].segment_ids[0] == 1])
-    assert docs[0].decode().startswith(text) and "\n\n" not in text  # a paragraph, not a whole document
+    assert (
+        docs[0].decode().startswith(text) and "\n\n" not in text
+    )  # a paragraph, not a whole document
     for b in paras:
         validate_packed_inputs(b.segment_ids, b.segment_pos, max_segments_per_seq=4)
     with pytest.raises(ValueError, match=r"by_paragraph='yes' must be True or False"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-INNER = '''
+INNER = """
 import jax, jax.numpy as jnp, pytest
 
 def test_compiles():
@@ -20,16 +20,40 @@ def test_no_jax():
 @pytest.mark.skip(reason="shown as skipped")
 def test_skipped():
     pass
-'''
+"""
 
 
 def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     (tmp_path / "test_inner.py").write_text(INNER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "JAX_PLATFORMS": "cpu", "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), "OPENBLAS_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "time_table", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "JAX_PLATFORMS": "cpu",
+        "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "time_table",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ten slowest tests" in proc.stdout
     table = json.loads(next((tmp_path / "_build_test").glob("test-times-py*.json")).read_text())
@@ -39,20 +63,42 @@ def test_time_table_records_wall_and_compile_time_per_test(tmp_path):
     assert rows["test_compiles"]["compile_s"] <= rows["test_compiles"]["wall_s"] + 1e-3
     assert rows["test_compiles"]["compiles"] >= 1 and rows["test_no_jax"]["compiles"] == 0
     assert rows["test_no_jax"]["compile_s"] == 0
-    assert rows["test_skipped"]["outcome"] == "skipped" and rows["test_compiles"]["outcome"] == "passed"
+    assert (
+        rows["test_skipped"]["outcome"] == "skipped"
+        and rows["test_compiles"]["outcome"] == "passed"
+    )
     assert table["ld_preload"] == env["LD_PRELOAD"] and table["openblas_num_threads"] == "1"
     (worker,) = table["workers_busy"].values()  # no xdist: the one process ran all three
-    assert worker["tests"] == 3 and 0 < worker["last_stop_s"] <= table["session_wall_s"] + 0.2  # rounding, two clocks
+    assert (
+        worker["tests"] == 3 and 0 < worker["last_stop_s"] <= table["session_wall_s"] + 0.2
+    )  # rounding, two clocks
     assert abs(worker["busy_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
     (file_row,) = table["files"].values()
-    assert file_row["tests"] == 3 and abs(file_row["wall_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
+    assert (
+        file_row["tests"] == 3
+        and abs(file_row["wall_s"] - sum(r["wall_s"] for r in rows.values())) < 0.01
+    )
 
 
 def test_files_are_handed_out_longest_first_and_the_weights_name_real_files():
     from time_table import FILE_SECONDS, heaviest_files_first
 
-    ids = ["tests/test_a.py::x", "tests/test_site.py::b", "tests/test_a.py::y", "tests/test_z.py::c",
-           "tests/test_plan.py::d", "tests/test_site.py::e"]
-    assert heaviest_files_first(ids) == ["tests/test_site.py::b", "tests/test_site.py::e", "tests/test_plan.py::d",
-                                         "tests/test_a.py::x", "tests/test_a.py::y", "tests/test_z.py::c"]
-    assert all((HERE / name).is_file() for name in FILE_SECONDS), [n for n in FILE_SECONDS if not (HERE / n).is_file()]
+    ids = [
+        "tests/test_a.py::x",
+        "tests/test_site.py::b",
+        "tests/test_a.py::y",
+        "tests/test_z.py::c",
+        "tests/test_plan.py::d",
+        "tests/test_site.py::e",
+    ]
+    assert heaviest_files_first(ids) == [
+        "tests/test_site.py::b",
+        "tests/test_site.py::e",
+        "tests/test_plan.py::d",
+        "tests/test_a.py::x",
+        "tests/test_a.py::y",
+        "tests/test_z.py::c",
+    ]
+    assert all((HERE / name).is_file() for name in FILE_SECONDS), [
+        n for n in FILE_SECONDS if not (HERE / n).is_file()
+    ]

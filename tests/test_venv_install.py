@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 import venv_install as V
 
 
@@ -19,15 +18,31 @@ def test_pip_s_settings_reach_uv_and_a_missing_local_path_is_skipped(tmp_path, m
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///srv/a/simple https://example.org/simple")
     monkeypatch.setenv("PIP_CONSTRAINT", str(tmp_path / "no-such-constraints.txt"))
     settings = V.pip_settings(sys.executable)
-    assert settings["extra-index-url"][-2:] == ["file:///srv/a/simple", "https://example.org/simple"]
+    assert settings["extra-index-url"][-2:] == [
+        "file:///srv/a/simple",
+        "https://example.org/simple",
+    ]
     assert str(links) in settings["find-links"]
     cmd = V.uv_command("uv", "/venv/bin/python", settings, ["-e", ".[test]"])
-    assert cmd[:8] == ["uv", "pip", "install", "--quiet", "--python", "/venv/bin/python",
-                       "--index-strategy", "unsafe-best-match"]  # no bytecode: written on first import
+    assert cmd[:8] == [
+        "uv",
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        "/venv/bin/python",
+        "--index-strategy",
+        "unsafe-best-match",
+    ]  # no bytecode: written on first import
     assert cmd[-2:] == ["-e", ".[test]"]
     pairs = list(zip(cmd, cmd[1:]))
-    assert ("--extra-index-url", "https://example.org/simple") in pairs and ("--find-links", str(links)) in pairs
-    assert str(tmp_path / "gone") not in cmd  # pip warns and skips a missing local path; uv would stop
+    assert ("--extra-index-url", "https://example.org/simple") in pairs and (
+        "--find-links",
+        str(links),
+    ) in pairs
+    assert (
+        str(tmp_path / "gone") not in cmd
+    )  # pip warns and skips a missing local path; uv would stop
     assert str(tmp_path / "no-such-constraints.txt") not in cmd
 
 
@@ -36,11 +51,14 @@ def _fake_run(calls, uv_ok):
         calls.append(list(cmd))
         failed = cmd[1:3] == ["pip", "install"] and not uv_ok  # "<venv>/bin/uv pip install ..."
         return subprocess.CompletedProcess(cmd, 1 if failed else 0, "", "")
+
     return run
 
 
 @pytest.mark.parametrize("uv_ok", [True, False])
-def test_uv_installs_and_a_failing_uv_falls_back_to_pip_with_the_same_packages(tmp_path, monkeypatch, capsys, uv_ok):
+def test_uv_installs_and_a_failing_uv_falls_back_to_pip_with_the_same_packages(
+    tmp_path, monkeypatch, capsys, uv_ok
+):
     python = tmp_path / "bin" / "python"
     python.parent.mkdir()
     python.touch()
@@ -55,12 +73,23 @@ def test_uv_installs_and_a_failing_uv_falls_back_to_pip_with_the_same_packages(t
     if uv_ok:
         assert len(calls) == 3
     else:
-        assert calls[3] == [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-e", ".[test]"]
+        assert calls[3] == [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            "-e",
+            ".[test]",
+        ]
         assert "failed; installing with pip instead" in capsys.readouterr().err
 
 
 def test_bad_choices_and_paths_name_the_setting(tmp_path, monkeypatch, capsys):
-    with pytest.raises(ValueError, match=r"TUTORIAL_INSTALLER='conda' must be one of auto, uv, pip"):
+    with pytest.raises(
+        ValueError, match=r"TUTORIAL_INSTALLER='conda' must be one of auto, uv, pip"
+    ):
         V.install(sys.executable, ["x"], choice="conda")
     assert V.main([str(tmp_path / "nope" / "python"), "x"]) == 2
     err = capsys.readouterr().err
@@ -68,10 +97,14 @@ def test_bad_choices_and_paths_name_the_setting(tmp_path, monkeypatch, capsys):
     assert V.main(["-e"]) == 2
 
 
-def test_the_install_writes_bytecode_of_the_common_imports_even_where_the_environment_forbids_it(tmp_path, monkeypatch):
-    """``warm_bytecode`` imports with writing allowed; ``PYTHONDONTWRITEBYTECODE`` alone would leave no .pyc."""
+def test_the_install_writes_bytecode_of_the_common_imports_even_where_the_environment_forbids_it(
+    tmp_path, monkeypatch
+):
+    """``warm_bytecode`` imports with writing allowed; ``PYTHONDONTWRITEBYTECODE`` alone would leave
+    no .pyc."""
     real = V.WARM_CODE
-    # the real list: TE's JAX code is imported after the CPU stand-in is installed (TE alone refuses to import)
+    # the real list: TE's JAX code is imported after the CPU stand-in is installed (TE alone refuses
+    # to import)
     assert real.index("tutorial_utils.te_on_cpu") < real.index("transformer_engine.jax")
     (tmp_path / "warm_me.py").write_text("VALUE = 1\n")
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")

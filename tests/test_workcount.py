@@ -4,10 +4,10 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
-from tutorial_utils.perfmodel.workload import workload_segments
 from tutorial_utils.perfmodel.workcount import (
     attention_flops,
     count_work,
@@ -18,8 +18,7 @@ from tutorial_utils.perfmodel.workcount import (
     total_visible_pairs,
     visible_pairs_per_query,
 )
-from tutorial_utils.perfmodel.workload import get_workload
-
+from tutorial_utils.perfmodel.workload import get_workload, workload_segments
 
 # --------------------------------------------------------------------------------------------
 # brute force: explicit masks, explicit runs, explicit tiles
@@ -65,14 +64,14 @@ def _brute(ids, pos, window, cp, layout, stripe, tq, tk):
     for b in range(B):
         for r in range(cp):
             qi = order[r]
-            for s in set(ids[b, qi].tolist()) - {0}:          # Ring: one run per local segment piece
+            for s in set(ids[b, qi].tolist()) - {0}:  # Ring: one run per local segment piece
                 qrun = qi[ids[b, qi] == s]
                 for t in range(cp):
                     ki = order[(r - t) % cp]
                     tt, ff = _tiles(m[b][np.ix_(qrun, ki[ids[b, ki] == s])], tq, tk)
                     ring_t[r, t] += tt
                     ring_f[r, t] += ff
-            runs, cur = [], []                                 # AllGather: break on id change / pos jump
+            runs, cur = [], []  # AllGather: break on id change / pos jump
             for i in qi:
                 if ids[b, i] == 0:
                     if cur:
@@ -112,7 +111,9 @@ def test_counts_and_tiles_match_brute_force(seed):
     rng = np.random.default_rng(1000 + seed)
     for _ in range(8):
         ids, pos, window, cp, layout, stripe, (tq, tk) = _random_case(rng)
-        wc = count_work(ids, pos, window, cp_size=cp, layout=layout, stripe_size=stripe, tile=(tq, tk))
+        wc = count_work(
+            ids, pos, window, cp_size=cp, layout=layout, stripe_size=stripe, tile=(tq, tk)
+        )
         M, rt, rf, at, af = _brute(ids, pos, window, cp, layout, stripe, tq, tk)
         where = f"cp={cp} layout={layout} stripe={stripe} window={window} tile={(tq, tk)}"
         np.testing.assert_array_equal(wc.pair_matrix, M, err_msg=where)
@@ -127,10 +128,18 @@ def test_counts_and_tiles_match_brute_force(seed):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.integers(1, 3).flatmap(lambda b: st.integers(1, 24).flatmap(lambda s: st.tuples(
-        st.lists(st.lists(st.integers(0, 3), min_size=s, max_size=s), min_size=b, max_size=b),
-        st.lists(st.lists(st.integers(0, 12), min_size=s, max_size=s), min_size=b, max_size=b),
-    ))),
+    st.integers(1, 3).flatmap(
+        lambda b: st.integers(1, 24).flatmap(
+            lambda s: st.tuples(
+                st.lists(
+                    st.lists(st.integers(0, 3), min_size=s, max_size=s), min_size=b, max_size=b
+                ),
+                st.lists(
+                    st.lists(st.integers(0, 12), min_size=s, max_size=s), min_size=b, max_size=b
+                ),
+            )
+        )
+    ),
     st.sampled_from([-1, 0, 1, 2, 5]),
 )
 def test_pair_counts_exact_for_arbitrary_ids_and_positions(data, left):
@@ -166,7 +175,7 @@ def test_contiguous_split_of_one_long_causal_segment_is_unbalanced_and_striping_
     contiguous = count_work(ids, pos, (-1, 0), cp_size=4, layout="contiguous", tile=None)
     striped = count_work(ids, pos, (-1, 0), cp_size=4, layout="striped", stripe_size=1, tile=None)
     dual = count_work(ids, pos, (-1, 0), cp_size=4, layout="dual_chunk", tile=None)
-    assert contiguous.imbalance("allgather") > 1.7          # last rank does 7/16 of the triangle
+    assert contiguous.imbalance("allgather") > 1.7  # last rank does 7/16 of the triangle
     assert striped.imbalance("allgather") < 1.01
     assert dual.imbalance("allgather") == pytest.approx(1.0)
 
@@ -176,7 +185,7 @@ def test_stripe_one_allgather_fragments_into_one_row_runs():
     st1 = count_workload(wl, layout="striped", stripe_size=1, tile=(16, 16))
     st16 = count_workload(wl, layout="striped", stripe_size=16, tile=(16, 16))
     tokens_per_rank = wl.batch * wl.segments_per_row * wl.valid_per_slot // wl.cp_size
-    assert (st1.allgather_runs == tokens_per_rank).all()   # every stripe-1 token is its own run
+    assert (st1.allgather_runs == tokens_per_rank).all()  # every stripe-1 token is its own run
     assert st1.tile_efficiency("allgather") < 0.1 < 0.8 < st16.tile_efficiency("allgather")
     assert st1.total_pairs == st16.total_pairs
 
@@ -202,17 +211,23 @@ def test_seed_workload_matches_anchor_figure_and_is_fast():
     assert ring.imbalance("ring") < 1.001
 
 
-@pytest.mark.parametrize("call, needle", [
-    (lambda ids, pos: count_work(ids, pos, cp_size=4, layout="zigzag"), "layout='zigzag'"),
-    (lambda ids, pos: count_work(ids, pos[:, :-1], cp_size=4), "segment_pos has shape"),
-    (lambda ids, pos: count_work(ids.astype(float), pos, cp_size=4), "must be integer arrays"),
-    (lambda ids, pos: count_work(-ids, pos, cp_size=4), "negative id"),
-    (lambda ids, pos: count_work(ids, pos, cp_size=3, layout="contiguous"), "seq_len=64 is not divisible by cp_size=3"),
-    (lambda ids, pos: count_work(ids, pos, cp_size=4, stripe_size=0), "stripe_size=0"),
-    (lambda ids, pos: count_work(ids, pos, cp_size=4, tile=(128, 0)), "tile cols"),
-    (lambda ids, pos: count_work(ids, pos, (-3, 0), cp_size=4), "negative"),
-    (lambda ids, pos: attention_flops(10, 0, 128), "num_q_heads=0"),
-])
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda ids, pos: count_work(ids, pos, cp_size=4, layout="zigzag"), "layout='zigzag'"),
+        (lambda ids, pos: count_work(ids, pos[:, :-1], cp_size=4), "segment_pos has shape"),
+        (lambda ids, pos: count_work(ids.astype(float), pos, cp_size=4), "must be integer arrays"),
+        (lambda ids, pos: count_work(-ids, pos, cp_size=4), "negative id"),
+        (
+            lambda ids, pos: count_work(ids, pos, cp_size=3, layout="contiguous"),
+            "seq_len=64 is not divisible by cp_size=3",
+        ),
+        (lambda ids, pos: count_work(ids, pos, cp_size=4, stripe_size=0), "stripe_size=0"),
+        (lambda ids, pos: count_work(ids, pos, cp_size=4, tile=(128, 0)), "tile cols"),
+        (lambda ids, pos: count_work(ids, pos, (-3, 0), cp_size=4), "negative"),
+        (lambda ids, pos: attention_flops(10, 0, 128), "num_q_heads=0"),
+    ],
+)
 def test_bad_input_raises_naming_the_parameter(call, needle):
     ids, pos = fixed_slot_segments(1, 64, 2, 20)
     with pytest.raises(ValueError) as err:
@@ -221,7 +236,8 @@ def test_bad_input_raises_naming_the_parameter(call, needle):
 
 
 def test_running_count_answers_as_searchsorted_does_and_falls_back_when_sparse():
-    """count_work's lookups (workcount._Below) against np.searchsorted, on a dense and a sparse code range."""
+    """count_work's lookups (workcount._Below) against np.searchsorted, on a dense and a sparse code
+    range."""
     from tutorial_utils.perfmodel.workcount import _Below
 
     rng = np.random.default_rng(3)

@@ -35,7 +35,13 @@ _COMPILE_EVENTS = (
 _BACKEND_COMPILE = _COMPILE_EVENTS[2]
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 # running totals in this process, and what the last report already accounted for
-_compiled = {"seconds": 0.0, "backend_s": 0.0, "compiles": 0.0, "cache_hits": 0.0, "listening": False}
+_compiled = {
+    "seconds": 0.0,
+    "backend_s": 0.0,
+    "compiles": 0.0,
+    "cache_hits": 0.0,
+    "listening": False,
+}
 _reported = {"seconds": 0.0, "backend_s": 0.0, "compiles": 0.0, "cache_hits": 0.0}
 
 
@@ -72,8 +78,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     # phases run one after another in a process, so the compile time since the last report
     # is this phase's
-    for key, name in (("seconds", "compile_s"), ("backend_s", "backend_compile_s"), ("compiles", "compiles"),
-                      ("cache_hits", "cache_hits")):
+    for key, name in (
+        ("seconds", "compile_s"),
+        ("backend_s", "backend_compile_s"),
+        ("compiles", "compiles"),
+        ("cache_hits", "cache_hits"),
+    ):
         report.user_properties.append((name, _compiled[key] - _reported[key]))
         _reported[key] = _compiled[key]
 
@@ -86,9 +96,13 @@ class _TimeTable:
         self.config = config
         self.started = time.monotonic()
         self.started_epoch = time.time()  # the clock of the reports' start/stop stamps
-        self.tests: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "outcome": "passed"})
+        self.tests: dict[str, dict] = defaultdict(
+            lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "outcome": "passed"}
+        )
         # per worker: time in tests and when its last test ended (an idle tail is lost wall time)
-        self.workers: dict[str, dict] = defaultdict(lambda: {"busy_s": 0.0, "tests": 0, "last_stop_s": 0.0})
+        self.workers: dict[str, dict] = defaultdict(
+            lambda: {"busy_s": 0.0, "tests": 0, "last_stop_s": 0.0}
+        )
 
     def pytest_runtest_logreport(self, report):
         row = self.tests[report.nodeid]
@@ -96,17 +110,25 @@ class _TimeTable:
         node = getattr(report, "node", None)  # set by pytest-xdist on the controller
         worker = self.workers[getattr(getattr(node, "gateway", None), "id", None) or "main"]
         worker["busy_s"] += report.duration
-        worker["tests"] += report.when == "call" or (report.when == "setup" and report.outcome != "passed")
-        worker["last_stop_s"] = max(worker["last_stop_s"], getattr(report, "stop", 0.0) - self.started_epoch)
+        worker["tests"] += report.when == "call" or (
+            report.when == "setup" and report.outcome != "passed"
+        )
+        worker["last_stop_s"] = max(
+            worker["last_stop_s"], getattr(report, "stop", 0.0) - self.started_epoch
+        )
         for k, v in report.user_properties:
             if k in _MEASURES:
                 row[k] += v
         # a failure in any phase wins; otherwise a skip (in setup or call) does
-        if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
+        if report.outcome == "failed" or (
+            report.outcome == "skipped" and row["outcome"] == "passed"
+        ):
             row["outcome"] = report.outcome
 
     def table(self) -> dict:
-        files: dict[str, dict] = defaultdict(lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "tests": 0})
+        files: dict[str, dict] = defaultdict(
+            lambda: {"wall_s": 0.0, **dict.fromkeys(_MEASURES, 0.0), "tests": 0}
+        )
         for nodeid, row in self.tests.items():
             f = files[nodeid.split("::", 1)[0]]
             for k in ("wall_s", *_MEASURES):
@@ -116,16 +138,25 @@ class _TimeTable:
         return {
             "schema": "test-times/1",
             "session_wall_s": round(time.monotonic() - self.started, 1),
-            "workers": os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(self.config.option, "numprocesses", None) or 1,
+            "workers": (
+                os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+                or getattr(self.config.option, "numprocesses", None)
+                or 1
+            ),
             # the allocator the run's processes were given (make test preloads TCMalloc when it can)
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
             "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-            "note": ("wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile in the test's "
-                     "own process, backend_compile_s its XLA part, compiles the number of XLA programs it compiled "
-                     "(many small ones: eager op-by-op dispatch); cache_hits = persistent compilation cache hits"),
+            "note": (
+                "wall_s = setup + call + teardown; compile_s = JAX trace + lower + backend compile"
+                " in the test's own process, backend_compile_s its XLA part, compiles the number of"
+                " XLA programs it compiled (many small ones: eager op-by-op dispatch); cache_hits ="
+                " persistent compilation cache hits"
+            ),
             "workers_busy": {k: rnd(v) for k, v in sorted(self.workers.items())},
             "files": {k: rnd(v) for k, v in sorted(files.items(), key=lambda kv: -kv[1]["wall_s"])},
-            "tests": {k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])},
+            "tests": {
+                k: rnd(v) for k, v in sorted(self.tests.items(), key=lambda kv: -kv[1]["wall_s"])
+            },
         }
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -133,7 +164,11 @@ class _TimeTable:
             return
         table = self.table()
         # one table per Python, so CI's two legs (3.11 and 3.12) do not overwrite each other's
-        out = Path(self.config.rootpath) / "_build_test" / f"test-times-py{sys.version_info[0]}.{sys.version_info[1]}.json"
+        out = (
+            Path(self.config.rootpath)
+            / "_build_test"
+            / f"test-times-py{sys.version_info[0]}.{sys.version_info[1]}.json"
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(table, indent=1) + "\n")
         tr = terminalreporter
@@ -144,31 +179,57 @@ class _TimeTable:
         compile_total = sum(r["compile_s"] for r in table["tests"].values())
         hits = sum(r["cache_hits"] for r in table["tests"].values())
         tr.write_line(
-            f"total test time {total:.1f} s (JAX compile {compile_total:.1f} s, {hits:.0f} compilation cache hits) "
-            f"over {len(table['tests'])} tests; "
-            f"session wall {table['session_wall_s']:.1f} s; table: {out.relative_to(self.config.rootpath)}"
+            f"total test time {total:.1f} s (JAX compile {compile_total:.1f} s,"
+            f" {hits:.0f} compilation cache hits) over {len(table['tests'])} tests; session wall"
+            f" {table['session_wall_s']:.1f} s; table: {out.relative_to(self.config.rootpath)}"
         )
-        tr.write_line("workers: " + "; ".join(f"{k} {w['busy_s']:.0f} s in {w['tests']} tests, last ended at "
-                                                f"{w['last_stop_s']:.0f} s" for k, w in table["workers_busy"].items()))
+        tr.write_line(
+            "workers: "
+            + "; ".join(
+                f"{k} {w['busy_s']:.0f} s in {w['tests']} tests, last ended at "
+                f"{w['last_stop_s']:.0f} s"
+                for k, w in table["workers_busy"].items()
+            )
+        )
 
 
 # ------------------------------------------------------------------ the order files are handed out
 
-#: Wall seconds per test file in ``make test`` (2-core machine, from _build_test/test-times-py3.11.json;
+#: Wall seconds per test file in ``make test`` (2-core machine, from
+#: _build_test/test-times-py3.11.json;
 #: files under 10 s are left out). Only the order in which the workers are handed files depends on
 #: it: a stale or missing entry can make the run's end less even, never change a result.
 FILE_SECONDS = {
-    "test_site.py": 473, "test_te_on_cpu.py": 245, "test_shown_commands.py": 196, "test_device_counts.py": 141,
-    "test_context_parallel.py": 120, "test_check.py": 112, "test_reference.py": 89, "test_model.py": 60,
-    "test_examples.py": 59, "test_bench_cli.py": 53, "test_launch.py": 49, "test_check_layout.py": 46,
-    "test_seed_tutorial.py": 42, "test_placement.py": 38, "test_nan_semantics.py": 25, "test_plan.py": 24,
-    "test_bad_input.py": 21, "test_facade.py": 18, "test_cpu_kernel.py": 17, "test_comm.py": 15,
-    "test_te_build.py": 21, "test_cp_runs.py": 14, "test_support_matrix.py": 10, "test_gpu_setup.py": 8,
+    "test_site.py": 473,
+    "test_te_on_cpu.py": 245,
+    "test_shown_commands.py": 196,
+    "test_device_counts.py": 141,
+    "test_context_parallel.py": 120,
+    "test_check.py": 112,
+    "test_reference.py": 89,
+    "test_model.py": 60,
+    "test_examples.py": 59,
+    "test_bench_cli.py": 53,
+    "test_launch.py": 49,
+    "test_check_layout.py": 46,
+    "test_seed_tutorial.py": 42,
+    "test_placement.py": 38,
+    "test_nan_semantics.py": 25,
+    "test_plan.py": 24,
+    "test_bad_input.py": 21,
+    "test_facade.py": 18,
+    "test_cpu_kernel.py": 17,
+    "test_comm.py": 15,
+    "test_te_build.py": 21,
+    "test_cp_runs.py": 14,
+    "test_support_matrix.py": 10,
+    "test_gpu_setup.py": 8,
 }
 
 
 def heaviest_files_first(nodeids: list[str]) -> list[str]:
-    """``nodeids`` with whole files reordered by :data:`FILE_SECONDS`, longest first (ties: as collected).
+    """``nodeids`` with whole files reordered by :data:`FILE_SECONDS`, longest first (ties: as
+    collected).
 
     Why: ``--dist loadfile`` hands each worker one file at a time, in collection order. The
     longest first (the site build alone is a quarter of the run) and the shortest last keeps the

@@ -23,7 +23,7 @@ expects; the mask only ever looks at segment ids and positions, never at raw ind
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,12 +57,7 @@ STRATEGIES = ("allgather", "ring", "ulysses")
 def normalize_strategy(strategy) -> str:
     """Map ``CPStrategy`` members and spellings like ``'ALL_GATHER'`` to
     ``allgather|ring|ulysses``."""
-    name = (
-        str(getattr(strategy, "name", strategy))
-        .lower()
-        .replace("_", "")
-        .replace("-", "")
-    )
+    name = str(getattr(strategy, "name", strategy)).lower().replace("_", "").replace("-", "")
     table = {
         "default": "allgather",
         "allgather": "allgather",
@@ -110,13 +105,23 @@ def _default_kernel(spec: MaskSpec, scale: float, block_q: int, block_kv: int):
     return kernel
 
 
-def _unpermute(x, perm_inverse: Optional[np.ndarray]):
+def _unpermute(x, perm_inverse: np.ndarray | None):
     return x if perm_inverse is None else jnp.take(x, jnp.asarray(perm_inverse), axis=1)
 
 
-def allgather_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
-                              kernel: Callable,
-                              inverse_perm: Optional[np.ndarray] = None):
+def allgather_attention_shard(
+    q,
+    k,
+    v,
+    ids,
+    pos,
+    ids_kv,
+    pos_kv,
+    *,
+    axis_name: str,
+    kernel: Callable,
+    inverse_perm: np.ndarray | None = None,
+):
     """Per-shard AllGather body (inside ``shard_map``): local Q against gathered K/V."""
     gather = functools.partial(lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
     k_all, v_all, ids_all, pos_all = (
@@ -126,8 +131,9 @@ def allgather_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: s
     return out
 
 
-def ring_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
-                         cp_size: int, kernel: Callable):
+def ring_attention_shard(
+    q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str, cp_size: int, kernel: Callable
+):
     """Per-shard Ring body: ``cp_size`` steps of attend, LSE merge, ``ppermute``."""
     perm = [(i, (i + 1) % cp_size) for i in range(cp_size)]
     block = (k, v, ids_kv, pos_kv)
@@ -144,9 +150,20 @@ def ring_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
     return out.astype(q.dtype)
 
 
-def ulysses_attention_shard(q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str,
-                            kernel: Callable, inverse_perm: Optional[np.ndarray] = None,
-                            forward_perm: Optional[np.ndarray] = None):
+def ulysses_attention_shard(
+    q,
+    k,
+    v,
+    ids,
+    pos,
+    ids_kv,
+    pos_kv,
+    *,
+    axis_name: str,
+    kernel: Callable,
+    inverse_perm: np.ndarray | None = None,
+    forward_perm: np.ndarray | None = None,
+):
     """Per-shard Ulysses body: all-to-all sequence->heads, full-sequence attention,
     heads->sequence."""
     to_heads = functools.partial(
@@ -188,17 +205,17 @@ def context_parallel_attention(
     mesh=None,
     axis_name: str = "cp",
     strategy="allgather",
-    stripe_size: Optional[int] = 1,
+    stripe_size: int | None = 1,
     load_balanced: bool = True,
     reorder_strategy: ReorderStrategy = ReorderStrategy.Striped,
     window_size=(-1, 0),
-    scaling_factor: Optional[float] = None,
+    scaling_factor: float | None = None,
     causal: bool = True,
     padding: bool = True,
-    batch_axis: Optional[str] = None,
+    batch_axis: str | None = None,
     block_q: int = 128,
     block_kv: int = 128,
-    kernel: Optional[Callable] = None,
+    kernel: Callable | None = None,
     kv_segment_ids=None,
     kv_segment_pos=None,
 ):
@@ -230,9 +247,7 @@ def context_parallel_attention(
             "sequence axis, so q, k and v need the same length."
         )
     if stripe_size is not None and (
-        isinstance(stripe_size, bool)
-        or not isinstance(stripe_size, int)
-        or stripe_size < 1
+        isinstance(stripe_size, bool) or not isinstance(stripe_size, int) or stripe_size < 1
     ):
         raise ValueError(
             f"stripe_size={stripe_size!r} must be a positive int (or None for 1), "
@@ -264,11 +279,7 @@ def context_parallel_attention(
         )
     if strat == "ulysses":
         check_ulysses_heads(hq, hkv, cp)
-    scale = (
-        q.shape[-1] ** -0.5
-        if scaling_factor is None
-        else check_scaling_factor(scaling_factor)
-    )
+    scale = q.shape[-1] ** -0.5 if scaling_factor is None else check_scaling_factor(scaling_factor)
     spec = MaskSpec(padding=padding, causal=causal, window=window)
     kern = kernel or _default_kernel(spec, scale, block_q, block_kv)
 
@@ -290,9 +301,7 @@ def context_parallel_attention(
             inverse_perm=inv,
         )
     elif strat == "ring":
-        body = functools.partial(
-            ring_attention_shard, axis_name=axis_name, cp_size=cp, kernel=kern
-        )
+        body = functools.partial(ring_attention_shard, axis_name=axis_name, cp_size=cp, kernel=kern)
     else:
         body = functools.partial(
             ulysses_attention_shard,

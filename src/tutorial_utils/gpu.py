@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 __all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl"]
 
@@ -38,7 +38,12 @@ def jax_started() -> bool:
 def _cuda_plugin_installed() -> bool:
     import importlib.util
 
-    names = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+    names = (
+        "jax_cuda12_plugin",
+        "jax_cuda13_plugin",
+        "jax_plugins.xla_cuda12",
+        "jax_plugins.xla_cuda13",
+    )
     for name in names:
         try:
             if importlib.util.find_spec(name) is not None:
@@ -49,7 +54,8 @@ def _cuda_plugin_installed() -> bool:
 
 
 def gpu_present() -> bool:
-    """True when an NVIDIA GPU is visible: to JAX if its backends are already running, else to the driver.
+    """True when an NVIDIA GPU is visible: to JAX if its backends are already running, else to the
+    driver.
 
     Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
     or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
@@ -78,17 +84,24 @@ def gpu_present() -> bool:
 # ----------------------------------------------------------------------------- NCCL before TE
 
 
-def _site_dirs() -> List[str]:
-    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")] + [p for p in sys.path if p]
+def _site_dirs() -> list[str]:
+    dirs = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")] + [
+        p for p in sys.path if p
+    ]
     return list(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
 
 
-def _nvidia_dirs(sites: Optional[Sequence[str]]) -> List[Path]:
-    return [Path(s) / "nvidia" for s in (_site_dirs() if sites is None else sites) if (Path(s) / "nvidia").is_dir()]
+def _nvidia_dirs(sites: Sequence[str] | None) -> list[Path]:
+    return [
+        Path(s) / "nvidia"
+        for s in (_site_dirs() if sites is None else sites)
+        if (Path(s) / "nvidia").is_dir()
+    ]
 
 
-def nccl_library(sites: Optional[Sequence[str]] = None) -> Optional[Path]:
-    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib`` layout)."""
+def nccl_library(sites: Sequence[str] | None = None) -> Path | None:
+    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib``
+    layout)."""
     for nv in _nvidia_dirs(sites):
         for sub in ("nccl", "cu13", "cu12"):
             lib = nv / sub / "lib" / "libnccl.so.2"
@@ -97,7 +110,7 @@ def nccl_library(sites: Optional[Sequence[str]] = None) -> Optional[Path]:
     return None
 
 
-def preload_nccl(sites: Optional[Sequence[str]] = None) -> Optional[str]:
+def preload_nccl(sites: Sequence[str] | None = None) -> str | None:
     """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
 
     Why: ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no

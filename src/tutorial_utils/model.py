@@ -12,20 +12,37 @@ masks come from segment ids and positions, and the loss is an average over token
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .te.attention import (AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrategy,
-                           QKVLayout, SequenceDescriptor, fused_attn)
+from .te.attention import (
+    AttnBiasType,
+    AttnMaskType,
+    AttnSoftmaxType,
+    CPStrategy,
+    QKVLayout,
+    SequenceDescriptor,
+    fused_attn,
+)
 from .validation import check_window
 
-__all__ = ["ModelConfig", "AttentionSharding", "NO_CP", "init_params", "rms_norm",
-           "rope", "attention", "forward", "loss_fn", "make_train_step",
-           "relative_update_difference"]
+__all__ = [
+    "ModelConfig",
+    "AttentionSharding",
+    "NO_CP",
+    "init_params",
+    "rms_norm",
+    "rope",
+    "attention",
+    "forward",
+    "loss_fn",
+    "make_train_step",
+    "relative_update_difference",
+]
 
 COMPUTE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -45,13 +62,21 @@ class ModelConfig:
     head_dim: int = 16
     mlp_dim: int = 128
     max_segments_per_seq: int = 1
-    window_size: Optional[Tuple[int, int]] = None
+    window_size: tuple[int, int] | None = None
     dtype: Any = jnp.bfloat16
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_layers", "num_q_heads",
-                     "num_kv_heads", "head_dim", "mlp_dim", "max_segments_per_seq"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_layers",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_segments_per_seq",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int.")
@@ -59,17 +84,24 @@ class ModelConfig:
             raise ValueError(
                 f"num_kv_heads={self.num_kv_heads} does not divide num_q_heads="
                 f"{self.num_q_heads}; GQA shares each KV head among a whole group of "
-                "query heads, so pick a divisor.")
+                "query heads, so pick a divisor."
+            )
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} is odd; RoPE rotates pairs of "
-                             "features, so use an even head_dim.")
+            raise ValueError(
+                f"head_dim={self.head_dim} is odd; RoPE rotates pairs of "
+                "features, so use an even head_dim."
+            )
         window = self.window_size
         if window is not None and check_window(window)[1] not in (0, -1):
-            raise ValueError(f"window_size={window}: a causal model sees no future "
-                             "tokens; use (left, 0) or None.")
+            raise ValueError(
+                f"window_size={window}: a causal model sees no future "
+                "tokens; use (left, 0) or None."
+            )
         if jnp.dtype(self.dtype) not in [jnp.dtype(d) for d in COMPUTE_DTYPES]:
-            raise ValueError(f"dtype={self.dtype!r} is not a compute dtype; use "
-                             "jnp.float32, jnp.bfloat16 or jnp.float16.")
+            raise ValueError(
+                f"dtype={self.dtype!r} is not a compute dtype; use "
+                "jnp.float32, jnp.bfloat16 or jnp.float16."
+            )
         if not self.rope_base > 1:
             raise ValueError(f"rope_base={self.rope_base!r} must be > 1 (often 10000).")
 
@@ -84,28 +116,37 @@ class AttentionSharding:
     (``text_data.reorder_for_cp``).
     """
 
-    strategy: Optional[CPStrategy] = None
-    stripe_size: Optional[int] = None
+    strategy: CPStrategy | None = None
+    stripe_size: int | None = None
     axis: str = "cp"
 
     def __post_init__(self):
         if self.strategy is not None and not isinstance(self.strategy, CPStrategy):
-            raise ValueError(f"strategy={self.strategy!r} must be a CPStrategy from "
-                             "tutorial_utils.te.attention, or None for no CP.")
+            raise ValueError(
+                f"strategy={self.strategy!r} must be a CPStrategy from "
+                "tutorial_utils.te.attention, or None for no CP."
+            )
         if self.strategy is not None and self.stripe_size is None:
-            raise ValueError("stripe_size=None with a CP strategy: pass the stripe the "
-                             "batch was reordered with (Ring needs 1).")
+            raise ValueError(
+                "stripe_size=None with a CP strategy: pass the stripe the "
+                "batch was reordered with (Ring needs 1)."
+            )
         if self.strategy == CPStrategy.RING and self.stripe_size != 1:
-            raise ValueError(f"stripe_size={self.stripe_size} with CPStrategy.RING: "
-                             "TE's THD ring needs stripe_size=1; use 1 or "
-                             "CPStrategy.ALL_GATHER.")
+            raise ValueError(
+                f"stripe_size={self.stripe_size} with CPStrategy.RING: "
+                "TE's THD ring needs stripe_size=1; use 1 or "
+                "CPStrategy.ALL_GATHER."
+            )
 
     def fused_attn_kwargs(self) -> dict:
         if self.strategy is None:
             return {}
-        return dict(context_parallel_strategy=self.strategy,
-                    context_parallel_causal_load_balanced=True,
-                    context_parallel_axis=self.axis, stripe_size=self.stripe_size)
+        return dict(
+            context_parallel_strategy=self.strategy,
+            context_parallel_causal_load_balanced=True,
+            context_parallel_axis=self.axis,
+            stripe_size=self.stripe_size,
+        )
 
 
 NO_CP = AttentionSharding()
@@ -115,18 +156,25 @@ def init_params(config: ModelConfig, key) -> dict:
     """Float32 parameters: embedding (also the output layer), blocks, final norm."""
     c = config
     q_dim, kv_dim = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = dict(wq=(c.d_model, q_dim), wk=(c.d_model, kv_dim),
-                  wv=(c.d_model, kv_dim), wo=(q_dim, c.d_model),
-                  w_in=(c.d_model, 2 * c.mlp_dim), w_out=(c.mlp_dim, c.d_model))
+    shapes = dict(
+        wq=(c.d_model, q_dim),
+        wk=(c.d_model, kv_dim),
+        wv=(c.d_model, kv_dim),
+        wo=(q_dim, c.d_model),
+        w_in=(c.d_model, 2 * c.mlp_dim),
+        w_out=(c.mlp_dim, c.d_model),
+    )
     key, embed_key = jax.random.split(key)
     blocks = []
     for layer_key in jax.random.split(key, c.num_layers):
         keys = dict(zip(shapes, jax.random.split(layer_key, len(shapes))))
-        block = {name: jax.random.normal(keys[name], shape) * shape[0] ** -0.5
-                 for name, shape in shapes.items()}  # keeps activations near unit scale
+        block = {
+            name: jax.random.normal(keys[name], shape) * shape[0] ** -0.5
+            for name, shape in shapes.items()
+        }  # keeps activations near unit scale
         block.update(norm1=jnp.ones(c.d_model), norm2=jnp.ones(c.d_model))
         blocks.append(block)
-    embed = jax.random.normal(embed_key, (c.vocab_size, c.d_model)) * c.d_model ** -0.5
+    embed = jax.random.normal(embed_key, (c.vocab_size, c.d_model)) * c.d_model**-0.5
     return dict(embed=embed, blocks=blocks, final_norm=jnp.ones(c.d_model))
 
 
@@ -154,17 +202,20 @@ def rope(x, positions, base: float = 10000.0):
     return out.astype(x.dtype)
 
 
-def attention(q, k, v, segment_ids, segment_pos, config: ModelConfig,
-              attn: AttentionSharding = NO_CP):
+def attention(
+    q, k, v, segment_ids, segment_pos, config: ModelConfig, attn: AttentionSharding = NO_CP
+):
     """Causal attention inside each packed segment (THD), through ``fused_attn``."""
     return fused_attn(
-        (q, k, v), None,
-        SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos), None,
+        (q, k, v),
+        None,
+        SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos),
+        None,
         attn_bias_type=AttnBiasType.NO_BIAS,
         attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
         qkv_layout=QKVLayout.THD_THD_THD,
         softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
-        scaling_factor=config.head_dim ** -0.5,
+        scaling_factor=config.head_dim**-0.5,
         dropout_probability=0.0,
         is_training=True,
         max_segments_per_seq=config.max_segments_per_seq,
@@ -190,8 +241,9 @@ def _block(x, p, segment_ids, segment_pos, config, attn):
     return x + mlp.astype(jnp.float32)
 
 
-def forward(params, tokens, segment_ids, segment_pos, config: ModelConfig,
-            attn: AttentionSharding = NO_CP):
+def forward(
+    params, tokens, segment_ids, segment_pos, config: ModelConfig, attn: AttentionSharding = NO_CP
+):
     """Logits ``[batch, seq, vocab]`` in float32; the residual stream stays float32."""
     x = jnp.take(params["embed"], tokens, axis=0)  # NumPy parameters work too
     for p in params["blocks"]:
@@ -200,8 +252,16 @@ def forward(params, tokens, segment_ids, segment_pos, config: ModelConfig,
     return x @ params["embed"].T  # tied: one matrix reads and writes tokens
 
 
-def loss_fn(params, tokens, targets, loss_mask, segment_ids, segment_pos,
-            config: ModelConfig, attn: AttentionSharding = NO_CP):
+def loss_fn(
+    params,
+    tokens,
+    targets,
+    loss_mask,
+    segment_ids,
+    segment_pos,
+    config: ModelConfig,
+    attn: AttentionSharding = NO_CP,
+):
     """Mean next-token cross-entropy over the tokens with ``loss_mask == 1``.
 
     A sum divided by a count does not depend on the order of the tokens, and every
@@ -217,15 +277,16 @@ def loss_fn(params, tokens, targets, loss_mask, segment_ids, segment_pos,
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def make_train_step(config: ModelConfig, optimizer: optax.GradientTransformation,
-                    attn: AttentionSharding = NO_CP):
+def make_train_step(
+    config: ModelConfig, optimizer: optax.GradientTransformation, attn: AttentionSharding = NO_CP
+):
     """``step(params, opt_state, tokens, targets, loss_mask, segment_ids, segment_pos)``
     returns ``(params, opt_state, loss)``. Jit it yourself, with your shardings."""
 
-    def train_step(params, opt_state, tokens, targets, loss_mask, segment_ids,
-                   segment_pos):
+    def train_step(params, opt_state, tokens, targets, loss_mask, segment_ids, segment_pos):
         loss, grads = jax.value_and_grad(loss_fn)(
-            params, tokens, targets, loss_mask, segment_ids, segment_pos, config, attn)
+            params, tokens, targets, loss_mask, segment_ids, segment_pos, config, attn
+        )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -243,14 +304,18 @@ def relative_update_difference(init, reference, other) -> float:
     """
     leaves = [jax.tree.leaves(tree) for tree in (init, reference, other)]
     if not len(leaves[0]) == len(leaves[1]) == len(leaves[2]):
-        raise ValueError("init, reference and other must be parameter trees of one model; "
-                         f"they have {[len(x) for x in leaves]} leaves.")
+        raise ValueError(
+            "init, reference and other must be parameter trees of one model; "
+            f"they have {[len(x) for x in leaves]} leaves."
+        )
     num = den = 0.0
     for i, r, o in zip(*leaves):
         i, r, o = (np.asarray(x, np.float64) for x in (i, r, o))
         num += float(np.sum((o - r) ** 2))
         den += float(np.sum((r - i) ** 2))
     if den == 0.0:
-        raise ValueError("reference equals init: the reference run did not move the "
-                         "parameters, so there is no update to compare against.")
+        raise ValueError(
+            "reference equals init: the reference run did not move the "
+            "parameters, so there is no update to compare against."
+        )
     return float(np.sqrt(num / den))

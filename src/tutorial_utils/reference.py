@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Tuple
 
 import jax
 import jax.numpy as jnp
@@ -32,13 +31,20 @@ from jax import lax
 
 from .validation import check_qkv, check_window
 
-__all__ = ["MaskSpec", "LSE_EMPTY", "visibility", "dense_attention", "blockwise_attention", "blockwise_backward",
-           "bottom_right_positions"]
+__all__ = [
+    "MaskSpec",
+    "LSE_EMPTY",
+    "visibility",
+    "dense_attention",
+    "blockwise_attention",
+    "blockwise_backward",
+    "bottom_right_positions",
+]
 
 #: log-sum-exp of a row that sees no key. Finite (unlike -inf) so that CP merges never
 #: produce NaN; ``exp(LSE_EMPTY - x) == 0`` for any real ``x``. TE uses -5.965e29.
 LSE_EMPTY = -1.0e30
-_BIG = 2 ** 30
+_BIG = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +53,7 @@ class MaskSpec:
 
     padding: bool = True
     causal: bool = True
-    window: Tuple[int, int] = (-1, -1)
+    window: tuple[int, int] = (-1, -1)
     #: Kernel mode, used by the cuDNN-contract kernel in :mod:`tutorial_utils.te_on_cpu`:
     #: ``ids_q``/``pos_q`` hold each query row's inclusive ``[lo, hi]`` range of key rows
     #: and ``pos_kv`` holds each key's row index (``ids_kv`` is ignored but for block
@@ -84,8 +90,11 @@ def bottom_right_positions(ids_q, ids_kv, pos_q, max_segments: int):
     TE's ``*_BOTTOM_RIGHT`` masks allow ``pos_kv <= pos_q + (len_kv - len_q)`` where the
     lengths are those of the segment's query and key runs.
     """
+
     def counts(ids):
-        return jax.vmap(lambda row: jnp.bincount(jnp.clip(row, 0, max_segments), length=max_segments + 1))(ids)
+        return jax.vmap(
+            lambda row: jnp.bincount(jnp.clip(row, 0, max_segments), length=max_segments + 1)
+        )(ids)
 
     shift = counts(ids_kv) - counts(ids_q)  # [b, M+1]
     return pos_q + jnp.take_along_axis(shift, jnp.clip(ids_q, 0, max_segments), axis=1)
@@ -97,7 +106,8 @@ def _split_gqa(x, hkv):
 
 
 def _finalize(m, l, acc, seen):
-    """Output and LSE of rows that saw a key (``seen``); rows that saw none give 0 and ``LSE_EMPTY``.
+    """Output and LSE of rows that saw a key (``seen``); rows that saw none give 0 and
+    ``LSE_EMPTY``.
 
     A NaN/Inf logit makes ``m`` or ``l`` NaN, and the NaN flows through to the row's output
     and LSE: divergence is never turned into zeros.
@@ -125,8 +135,20 @@ def _sees_bad(vis, bad):
     return jnp.any(vis & jnp.transpose(bad, (0, 2, 1))[:, :, None, None, :], axis=-1)
 
 
-def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
-                    sink=None, bias=None):
+def dense_attention(
+    q,
+    k,
+    v,
+    ids_q,
+    ids_kv,
+    pos_q,
+    pos_kv,
+    *,
+    scale: float,
+    spec: MaskSpec = MaskSpec(),
+    sink=None,
+    bias=None,
+):
     """Reference attention that materialises the full mask. Returns ``(out, lse)``.
 
     ``out`` is ``[b, sq, hq, dv]`` in ``q.dtype``; ``lse`` is ``[b, hq, sq]`` float32.
@@ -157,7 +179,9 @@ def dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec
     v_clean, bad = _clean_values(v.astype(jnp.float32))
     acc = jnp.einsum("bhgqk,bkhd->bhgqd", p, v_clean)
     out, lse = _finalize(m, l, acc, jnp.any(vis, axis=-1))
-    poison = lax.stop_gradient(jnp.where(_sees_bad(vis, bad), jnp.nan, 0.0))  # NaN values seen: NaN out
+    poison = lax.stop_gradient(
+        jnp.where(_sees_bad(vis, bad), jnp.nan, 0.0)
+    )  # NaN values seen: NaN out
     out, lse = out + poison[..., None], lse + poison
     out = out.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, -1).astype(q.dtype)
     return out, lse.reshape(b, hq, sq)
@@ -254,8 +278,14 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
             m0 = jnp.full(shape, -jnp.inf, jnp.float32)
             l0 = jnp.zeros(shape, jnp.float32)
         flags = jnp.zeros((b, hkv, 1, bq), bool)
-        carry0 = (m0, l0, jnp.zeros(shape + (dv,), jnp.float32), jnp.full(shape, -jnp.inf, jnp.float32), flags,
-                  flags)
+        carry0 = (
+            m0,
+            l0,
+            jnp.zeros(shape + (dv,), jnp.float32),
+            jnp.full(shape, -jnp.inf, jnp.float32),
+            flags,
+            flags,
+        )
 
         def kv_step(j, carry):
             def compute(carry):
@@ -270,7 +300,9 @@ def _flash_fwd_impl(cfg, q, k, v, sink, ids_q, ids_kv, pos_q, pos_kv, need):
                 p = jnp.exp(s - m_safe[..., None])
                 l = l * alpha + jnp.sum(p, axis=-1)
                 acc = acc * alpha[..., None] + jnp.einsum("bhgqk,bkhd->bhgqd", p, vb[:, j])
-                poisoned = lax.cond(any_bad, lambda: poisoned | _sees_bad(vis, badb[:, j]), lambda: poisoned)
+                poisoned = lax.cond(
+                    any_bad, lambda: poisoned | _sees_bad(vis, badb[:, j]), lambda: poisoned
+                )
                 return m_new, l, acc, jnp.maximum(mx, s_max), seen | jnp.any(vis, axis=-1), poisoned
 
             return lax.cond(need[i, j], compute, lambda c: c, carry)
@@ -331,10 +363,15 @@ def _flash_bwd(cfg, res, cts):
         kj = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=1)
         vj = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
         doi = lax.dynamic_slice_in_dim(g_out, i * bq, bq, axis=1)
-        bad_i = jnp.transpose(lax.dynamic_slice_in_dim(bad_do, i * bq, bq, axis=1), (0, 2, 3, 1))[..., None]
+        bad_i = jnp.transpose(lax.dynamic_slice_in_dim(bad_do, i * bq, bq, axis=1), (0, 2, 3, 1))[
+            ..., None
+        ]
         # dV of a key is NaN exactly when a row that sees it has a non-finite dO: [b, hkv, bk]
-        dv_poison = lax.cond(any_bad_do, lambda: jnp.any(vis & bad_i, axis=(2, 3)),
-                             lambda: jnp.zeros((b, hkv, bk), bool))
+        dv_poison = lax.cond(
+            any_bad_do,
+            lambda: jnp.any(vis & bad_i, axis=(2, 3)),
+            lambda: jnp.zeros((b, hkv, bk), bool),
+        )
         lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
         dt_i = lax.dynamic_slice_in_dim(dterm, i * bq, bq, axis=3)
         s = jnp.einsum("bqhgd,bkhd->bhgqk", qi, kj) * scale
@@ -366,7 +403,10 @@ def _flash_bwd(cfg, res, cts):
 
             return lax.cond(need[i, j], compute, lambda a: a, acc)
 
-        zeros = (jnp.zeros((b, bk, hkv, d), jnp.float32), jnp.zeros((b, bk, hkv, v.shape[-1]), jnp.float32))
+        zeros = (
+            jnp.zeros((b, bk, hkv, d), jnp.float32),
+            jnp.zeros((b, bk, hkv, v.shape[-1]), jnp.float32),
+        )
         lo, hi = _needed_range(need[:, j])
         return lax.fori_loop(lo, hi, step, zeros)
 
@@ -376,7 +416,9 @@ def _flash_bwd(cfg, res, cts):
     dv = dv.transpose(1, 0, 2, 3, 4).reshape(v.shape)
     if use_sink:
         alive = lse > LSE_EMPTY / 2
-        p_sink = jnp.where(alive, jnp.exp(jnp.where(alive, sink.reshape(1, hkv, g, 1) - lse, 0.0)), 0.0)
+        p_sink = jnp.where(
+            alive, jnp.exp(jnp.where(alive, sink.reshape(1, hkv, g, 1) - lse, 0.0)), 0.0
+        )
         dsink = jnp.sum(p_sink * dterm, axis=(0, 3)).reshape(sink.shape).astype(sink.dtype)
     else:
         dsink = jnp.zeros_like(sink)
@@ -394,17 +436,22 @@ def _round_block(block: int, length: int) -> int:
 def _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_kv):
     """Pad the sequence axes to whole blocks and compute which block pairs are needed."""
     # NumPy inputs behave as under jit (indexing them with a traced block index would fail)
-    q, k, v, ids_q, ids_kv, pos_q, pos_kv = (jnp.asarray(x) for x in (q, k, v, ids_q, ids_kv, pos_q, pos_kv))
+    q, k, v, ids_q, ids_kv, pos_q, pos_kv = (
+        jnp.asarray(x) for x in (q, k, v, ids_q, ids_kv, pos_q, pos_kv)
+    )
     for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
         if not isinstance(blk, int) or blk < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={blk!r}.")
     check_qkv(q, k, v)
-    sq, skv, hq, hkv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    sq, skv, hkv = q.shape[1], k.shape[1], k.shape[2]
     bq, bk = _round_block(block_q, sq), _round_block(block_kv, skv)
     sq_p, skv_p = -(-sq // bq) * bq, -(-skv // bk) * bk
     qp = _pad_seq(_split_gqa(q, hkv), sq_p, 0)
     kp, vp = _pad_seq(k, skv_p, 0), _pad_seq(v, skv_p, 0)
-    iq, ik = _pad_seq(ids_q.astype(jnp.int32), sq_p, -1), _pad_seq(ids_kv.astype(jnp.int32), skv_p, -1)
+    iq, ik = (
+        _pad_seq(ids_q.astype(jnp.int32), sq_p, -1),
+        _pad_seq(ids_kv.astype(jnp.int32), skv_p, -1),
+    )
     # padded query rows see nothing: ids -1 (segments), or the empty range [-1, -1 - 1] (bounds)
     pq = _pad_seq(pos_q.astype(jnp.int32), sq_p, -2 if spec.bounds else 0)
     pk = _pad_seq(pos_kv.astype(jnp.int32), skv_p, 0)
@@ -416,8 +463,22 @@ def _sink_array(sink, hq):
     return jnp.zeros((hq,), jnp.float32) if sink is None else sink.astype(jnp.float32).reshape(hq)
 
 
-def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, spec: MaskSpec = MaskSpec(),
-                        sink=None, block_q: int = 128, block_kv: int = 128, return_max_logit: bool = False):
+def blockwise_attention(
+    q,
+    k,
+    v,
+    ids_q,
+    ids_kv,
+    pos_q,
+    pos_kv,
+    *,
+    scale: float,
+    spec: MaskSpec = MaskSpec(),
+    sink=None,
+    block_q: int = 128,
+    block_kv: int = 128,
+    return_max_logit: bool = False,
+):
     """Flash-style reference attention; same arguments and results as :func:`dense_attention`.
 
     Blocks whose (segment, position) ranges cannot meet under the mask are skipped in the
@@ -425,8 +486,9 @@ def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, 
     maximum visible logit ``[b, hq, sq]`` (not differentiated).
     """
     b, sq, hq, _ = q.shape
-    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec,
-                                                                  block_q, block_kv)
+    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(
+        q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_kv
+    )
     cfg = (spec, float(scale), bq, bk, sink is not None)
     out, lse, mx = _flash(cfg, qp, kp, vp, _sink_array(sink, hq), iq, ik, pq, pk, need)
     out = out[:, :sq].reshape(b, sq, hq, -1)
@@ -436,9 +498,26 @@ def blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, *, scale: float, 
     return out, lse
 
 
-def blockwise_backward(q, k, v, ids_q, ids_kv, pos_q, pos_kv, out, lse, dout, *, scale: float,
-                       spec: MaskSpec = MaskSpec(), sink=None, block_q: int = 128, block_kv: int = 128):
-    """Gradients ``(dq, dk, dv, dsink)`` of :func:`blockwise_attention` from a *given* output and LSE.
+def blockwise_backward(
+    q,
+    k,
+    v,
+    ids_q,
+    ids_kv,
+    pos_q,
+    pos_kv,
+    out,
+    lse,
+    dout,
+    *,
+    scale: float,
+    spec: MaskSpec = MaskSpec(),
+    sink=None,
+    block_q: int = 128,
+    block_kv: int = 128,
+):
+    """Gradients ``(dq, dk, dv, dsink)`` of :func:`blockwise_attention` from a *given* output and
+    LSE.
 
     Why: a flash kernel's backward does not recompute the softmax normaliser; it takes the
     forward's ``out`` and ``lse`` (``P = exp(S - lse)``, ``D = rowsum(dO * O)``). Ring
@@ -447,16 +526,24 @@ def blockwise_backward(q, k, v, ids_q, ids_kv, pos_q, pos_kv, out, lse, dout, *,
     """
     b, sq, hq, _ = q.shape
     hkv = k.shape[2]
-    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec,
-                                                                  block_q, block_kv)
+    (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(
+        q, k, v, ids_q, ids_kv, pos_q, pos_kv, spec, block_q, block_kv
+    )
     sq_p = qp.shape[1]
     cfg = (spec, float(scale), bq, bk, sink is not None)
     out_p = _pad_seq(_split_gqa(out.astype(jnp.float32), hkv), sq_p, 0.0)
     dout_p = _pad_seq(_split_gqa(dout.astype(jnp.float32), hkv), sq_p, 0.0)
-    lse_p = jnp.pad(lse.astype(jnp.float32).reshape(b, hkv, hq // hkv, sq), [(0, 0)] * 3 + [(0, sq_p - sq)],
-                    constant_values=LSE_EMPTY)
+    lse_p = jnp.pad(
+        lse.astype(jnp.float32).reshape(b, hkv, hq // hkv, sq),
+        [(0, 0)] * 3 + [(0, sq_p - sq)],
+        constant_values=LSE_EMPTY,
+    )
     sink_arr = _sink_array(sink, hq)
     res = (qp, kp, vp, sink_arr, iq, ik, pq, pk, need, out_p, lse_p)
     dq, dk, dv, dsink, *_ = _flash_bwd(cfg, res, (dout_p, None, None))
-    return (dq[:, :sq].reshape(q.shape).astype(q.dtype), dk[:, :k.shape[1]].astype(k.dtype),
-            dv[:, :v.shape[1]].astype(v.dtype), dsink)
+    return (
+        dq[:, :sq].reshape(q.shape).astype(q.dtype),
+        dk[:, : k.shape[1]].astype(k.dtype),
+        dv[:, : v.shape[1]].astype(v.dtype),
+        dsink,
+    )

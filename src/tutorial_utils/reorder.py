@@ -41,7 +41,8 @@ class ReorderStrategy(enum.Enum):
 def _check_cp_size(cp_size) -> int:
     if not isinstance(cp_size, (int, np.integer)) or isinstance(cp_size, bool) or cp_size < 1:
         raise ValueError(
-            f"cp_size must be a positive integer (the size of the context-parallel mesh axis), got cp_size={cp_size!r}."
+            "cp_size must be a positive integer (the size of the context-parallel mesh axis), got"
+            f" cp_size={cp_size!r}."
         )
     return int(cp_size)
 
@@ -49,9 +50,14 @@ def _check_cp_size(cp_size) -> int:
 def _check_stripe(stripe_size) -> int:
     if stripe_size is None:
         return 1
-    if not isinstance(stripe_size, (int, np.integer)) or isinstance(stripe_size, bool) or stripe_size <= 0:
+    if (
+        not isinstance(stripe_size, (int, np.integer))
+        or isinstance(stripe_size, bool)
+        or stripe_size <= 0
+    ):
         raise ValueError(
-            f"stripe_size must be a positive integer (or None for 1), got stripe_size={stripe_size!r}."
+            "stripe_size must be a positive integer (or None for 1), got"
+            f" stripe_size={stripe_size!r}."
         )
     return int(stripe_size)
 
@@ -62,8 +68,10 @@ def striped_permutation(seq_len: int, cp_size: int, stripe_size: int | None = 1)
     st = _check_stripe(stripe_size)
     if seq_len % (cp * st) != 0:
         raise ValueError(
-            f"sequence length {seq_len} is not divisible by cp_size*stripe_size={cp}*{st}={cp * st}; "
-            f"pad the sequence to a multiple of {cp * st} or choose a stripe_size that divides {seq_len // cp if seq_len % cp == 0 else seq_len}/cp."
+            f"sequence length {seq_len} is not divisible by"
+            f" cp_size*stripe_size={cp}*{st}={cp * st}; pad the sequence to a multiple of"
+            f" {cp * st} or choose a stripe_size that divides"
+            f" {seq_len // cp if seq_len % cp == 0 else seq_len}/cp."
         )
     p = np.arange(seq_len)
     shard = seq_len // cp
@@ -76,10 +84,14 @@ def dual_chunk_permutation(seq_len: int, cp_size: int) -> np.ndarray:
     if cp == 1:
         return np.arange(seq_len)
     if cp % 2 != 0:
-        raise ValueError(f"cp_size={cp} must be a multiple of 2 for DualChunkSwap reordering; use an even cp_size or ReorderStrategy.Striped.")
+        raise ValueError(
+            f"cp_size={cp} must be a multiple of 2 for DualChunkSwap reordering; use an even"
+            " cp_size or ReorderStrategy.Striped."
+        )
     if seq_len % (2 * cp) != 0:
         raise ValueError(
-            f"sequence length {seq_len} is not a multiple of cp_size*2={2 * cp}; pad the sequence to a multiple of {2 * cp}."
+            f"sequence length {seq_len} is not a multiple of cp_size*2={2 * cp}; pad the sequence"
+            f" to a multiple of {2 * cp}."
         )
     chunk = seq_len // (2 * cp)
     c = np.arange(2 * cp)
@@ -87,19 +99,24 @@ def dual_chunk_permutation(seq_len: int, cp_size: int) -> np.ndarray:
     return (src_chunk[:, None] * chunk + np.arange(chunk)[None, :]).reshape(-1)
 
 
-def load_balancing_permutation(seq_len: int, strategy: ReorderStrategy, cp_size: int, stripe_size: int | None = None) -> np.ndarray:
+def load_balancing_permutation(
+    seq_len: int, strategy: ReorderStrategy, cp_size: int, stripe_size: int | None = None
+) -> np.ndarray:
     """Permutation for either strategy, with TE's argument rules."""
     strategy = _check_strategy(strategy)
     if strategy is ReorderStrategy.DualChunkSwap:
         if stripe_size is not None:
             raise ValueError(
-                f"stripe_size={stripe_size!r} is only meaningful for ReorderStrategy.Striped; pass stripe_size=None with DualChunkSwap."
+                f"stripe_size={stripe_size!r} is only meaningful for ReorderStrategy.Striped; pass"
+                " stripe_size=None with DualChunkSwap."
             )
         return dual_chunk_permutation(seq_len, cp_size)
     return striped_permutation(seq_len, cp_size, stripe_size)
 
 
-def rank_token_indices(seq_len: int, strategy: ReorderStrategy, cp_size: int, stripe_size: int | None = None) -> np.ndarray:
+def rank_token_indices(
+    seq_len: int, strategy: ReorderStrategy, cp_size: int, stripe_size: int | None = None
+) -> np.ndarray:
     """``[cp_size, seq_len/cp_size]`` original token indices owned by each rank."""
     perm = load_balancing_permutation(seq_len, strategy, cp_size, stripe_size)
     return perm.reshape(_check_cp_size(cp_size), -1)
@@ -113,13 +130,17 @@ def _check_strategy(strategy) -> ReorderStrategy:
     if name in ReorderStrategy.__members__:
         return ReorderStrategy[name]
     raise ValueError(
-        f"strategy must be ReorderStrategy.Striped or ReorderStrategy.DualChunkSwap, got strategy={strategy!r}."
+        "strategy must be ReorderStrategy.Striped or ReorderStrategy.DualChunkSwap, got"
+        f" strategy={strategy!r}."
     )
 
 
 def _apply(tensor, seq_dim: int, index: np.ndarray):
     if not isinstance(seq_dim, (int, np.integer)) or not -tensor.ndim <= seq_dim < tensor.ndim:
-        raise ValueError(f"seq_dim={seq_dim!r} is not an axis of a tensor with shape {tuple(tensor.shape)}; use 1 for [batch, seq, ...] and 0 for [seq, batch, ...].")
+        raise ValueError(
+            f"seq_dim={seq_dim!r} is not an axis of a tensor with shape {tuple(tensor.shape)}; use"
+            " 1 for [batch, seq, ...] and 0 for [seq, batch, ...]."
+        )
     if isinstance(tensor, np.ndarray):
         return np.take(tensor, index, axis=seq_dim)
     import jax.numpy as jnp
@@ -129,17 +150,24 @@ def _apply(tensor, seq_dim: int, index: np.ndarray):
 
 def _seq_len(tensor, seq_dim) -> int:
     if not isinstance(seq_dim, (int, np.integer)) or not -tensor.ndim <= seq_dim < tensor.ndim:
-        raise ValueError(f"seq_dim={seq_dim!r} is not an axis of a tensor with shape {tuple(tensor.shape)}; use 1 for [batch, seq, ...] and 0 for [seq, batch, ...].")
+        raise ValueError(
+            f"seq_dim={seq_dim!r} is not an axis of a tensor with shape {tuple(tensor.shape)}; use"
+            " 1 for [batch, seq, ...] and 0 for [seq, batch, ...]."
+        )
     return int(tensor.shape[seq_dim])
 
 
-def reorder_causal_load_balancing(tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int, stripe_size: int | None = None):
+def reorder_causal_load_balancing(
+    tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int, stripe_size: int | None = None
+):
     """Reorder ``tensor`` along ``seq_dim`` so that a contiguous CP split is load balanced."""
     perm = load_balancing_permutation(_seq_len(tensor, seq_dim), strategy, cp_size, stripe_size)
     return _apply(tensor, seq_dim, perm)
 
 
-def inverse_reorder_causal_load_balancing(tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int, stripe_size: int | None = None):
+def inverse_reorder_causal_load_balancing(
+    tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int, stripe_size: int | None = None
+):
     """Undo :func:`reorder_causal_load_balancing` (same arguments)."""
     perm = load_balancing_permutation(_seq_len(tensor, seq_dim), strategy, cp_size, stripe_size)
     return _apply(tensor, seq_dim, np.argsort(perm))

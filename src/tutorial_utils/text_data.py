@@ -14,7 +14,6 @@ batch striped for a different mesh.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -23,8 +22,17 @@ from .reorder import ReorderStrategy, reorder_causal_load_balancing
 from .reorder import inverse_reorder_causal_load_balancing as _undo_reorder
 from .validation import first_violation, reorder_mismatch, validate_packed_inputs
 
-__all__ = ["VOCAB_SIZE", "PackedBatch", "load_documents", "encode", "decode",
-           "pack_documents", "make_batches", "reorder_for_cp", "check_batch_for_mesh"]
+__all__ = [
+    "VOCAB_SIZE",
+    "PackedBatch",
+    "load_documents",
+    "encode",
+    "decode",
+    "pack_documents",
+    "make_batches",
+    "reorder_for_cp",
+    "check_batch_for_mesh",
+]
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to download, every text encodable
 FIELDS = ("tokens", "targets", "loss_mask", "segment_ids", "segment_pos")
@@ -36,7 +44,7 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def load_documents(max_docs: Optional[int] = None) -> List[bytes]:
+def load_documents(max_docs: int | None = None) -> list[bytes]:
     """CPython's documentation topics, UTF-8 encoded, sorted by topic name."""
     from pydoc_data.topics import topics
 
@@ -45,23 +53,27 @@ def load_documents(max_docs: Optional[int] = None) -> List[bytes]:
     return [topics[key].encode("utf-8") for key in sorted(topics)][:max_docs]
 
 
-def encode(text: Union[str, bytes]) -> np.ndarray:
+def encode(text: str | bytes) -> np.ndarray:
     """Byte-level tokens: the UTF-8 bytes of ``text`` as int32 values 0..255."""
     if isinstance(text, str):
         text = text.encode("utf-8")
     if not isinstance(text, (bytes, bytearray)):
-        raise ValueError(f"text must be str or bytes, got {type(text).__name__}; "
-                         "decode or join it first.")
+        raise ValueError(
+            f"text must be str or bytes, got {type(text).__name__}; decode or join it first."
+        )
     return np.frombuffer(bytes(text), np.uint8).astype(np.int32)
 
 
 def decode(ids) -> str:
     """Inverse of :func:`encode`; bytes that are not valid UTF-8 become U+FFFD."""
     ids = np.asarray(ids)
-    if ids.size and (not np.issubdtype(ids.dtype, np.integer)
-                     or ids.min() < 0 or ids.max() >= VOCAB_SIZE):
-        raise ValueError(f"ids must be integers in 0..{VOCAB_SIZE - 1} (bytes), got dtype "
-                         f"{ids.dtype}, range {ids.min()}..{ids.max()}; pass encode()'s tokens.")
+    if ids.size and (
+        not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= VOCAB_SIZE
+    ):
+        raise ValueError(
+            f"ids must be integers in 0..{VOCAB_SIZE - 1} (bytes), got dtype "
+            f"{ids.dtype}, range {ids.min()}..{ids.max()}; pass encode()'s tokens."
+        )
     return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
@@ -81,44 +93,59 @@ class PackedBatch:
     segment_pos: np.ndarray
     max_segments_per_seq: int
     cp_size: int = 1
-    stripe_size: Optional[int] = None
+    stripe_size: int | None = None
 
     def __post_init__(self):
         shape = np.shape(self.tokens)
         for name in FIELDS:
             if len(shape) != 2 or np.shape(getattr(self, name)) != shape:
-                raise ValueError(f"{name} has shape {np.shape(getattr(self, name))}, tokens "
-                                 f"{shape}; all five arrays must share one [batch, seq_len].")
+                raise ValueError(
+                    f"{name} has shape {np.shape(getattr(self, name))}, tokens "
+                    f"{shape}; all five arrays must share one [batch, seq_len]."
+                )
 
-    def arrays(self) -> Tuple[np.ndarray, ...]:
+    def arrays(self) -> tuple[np.ndarray, ...]:
         """``(tokens, targets, loss_mask, segment_ids, segment_pos)``: the model's order."""
         return tuple(getattr(self, name) for name in FIELDS)
 
 
-def _pieces(docs, seq_len, max_segments_per_seq, segment_len, align,
-            by_paragraph=False) -> List[np.ndarray]:
+def _pieces(
+    docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph=False
+) -> list[np.ndarray]:
     """Every document (or, ``by_paragraph``, every paragraph) cut into pieces of at most
     ``segment_len`` tokens, one segment each."""
-    for name, value in (("seq_len", seq_len), ("align", align),
-                        ("max_segments_per_seq", max_segments_per_seq)):
+    for name, value in (
+        ("seq_len", seq_len),
+        ("align", align),
+        ("max_segments_per_seq", max_segments_per_seq),
+    ):
         _positive_int(name, value)
     if segment_len is None:
         segment_len = seq_len // max_segments_per_seq
-    if (isinstance(segment_len, bool) or not isinstance(segment_len, (int, np.integer))
-            or not 1 <= segment_len <= seq_len):
-        raise ValueError(f"segment_len={segment_len!r} must be an int in 1..seq_len={seq_len} "
-                         "(default: seq_len // max_segments_per_seq).")
+    if (
+        isinstance(segment_len, bool)
+        or not isinstance(segment_len, (int, np.integer))
+        or not 1 <= segment_len <= seq_len
+    ):
+        raise ValueError(
+            f"segment_len={segment_len!r} must be an int in 1..seq_len={seq_len} "
+            "(default: seq_len // max_segments_per_seq)."
+        )
     if not isinstance(by_paragraph, bool):
         raise ValueError(f"by_paragraph={by_paragraph!r} must be True or False.")
     texts = [encode(doc) for doc in docs]
     if by_paragraph:  # paragraphs end at a blank line; their lengths vary like real documents
-        texts = [encode(par) for doc in docs for par in
-                 (doc.encode("utf-8") if isinstance(doc, str) else doc).split(b"\n\n")
-                 if par.strip()]
-    pieces = [ids[i:i + segment_len] for ids in texts for i in range(0, len(ids), segment_len)]
+        texts = [
+            encode(par)
+            for doc in docs
+            for par in (doc.encode("utf-8") if isinstance(doc, str) else doc).split(b"\n\n")
+            if par.strip()
+        ]
+    pieces = [ids[i : i + segment_len] for ids in texts for i in range(0, len(ids), segment_len)]
     if not pieces:
-        raise ValueError(f"docs={docs!r:.60} holds no text; pass non-empty documents, "
-                         "e.g. load_documents().")
+        raise ValueError(
+            f"docs={docs!r:.60} holds no text; pass non-empty documents, e.g. load_documents()."
+        )
     return pieces
 
 
@@ -130,9 +157,11 @@ def _pack(pieces, cursor, *, batch, seq_len, max_segments_per_seq, align, cycle)
         while len(row) < max_segments_per_seq:
             if cursor == len(pieces):
                 if not cycle:
-                    raise ValueError(f"docs: the documents ({len(pieces)} pieces) run out in "
-                                     f"row {b} of batch={batch}; pass more documents, or a "
-                                     "smaller batch or seq_len.")
+                    raise ValueError(
+                        f"docs: the documents ({len(pieces)} pieces) run out in "
+                        f"row {b} of batch={batch}; pass more documents, or a "
+                        "smaller batch or seq_len."
+                    )
                 cursor = 0
             if start + len(pieces[cursor]) > seq_len:
                 break  # the piece starts the next row
@@ -153,9 +182,16 @@ def _pack(pieces, cursor, *, batch, seq_len, max_segments_per_seq, align, cycle)
     return packed, cursor
 
 
-def pack_documents(docs, *, batch: int, seq_len: int, max_segments_per_seq: int,
-                   segment_len: Optional[int] = None, align: int = 1,
-                   by_paragraph: bool = False) -> PackedBatch:
+def pack_documents(
+    docs,
+    *,
+    batch: int,
+    seq_len: int,
+    max_segments_per_seq: int,
+    segment_len: int | None = None,
+    align: int = 1,
+    by_paragraph: bool = False,
+) -> PackedBatch:
     """Pack ``docs`` (str or bytes) into a natural-order :class:`PackedBatch`.
 
     Documents are cut into segments of at most ``segment_len`` tokens (default
@@ -168,26 +204,49 @@ def pack_documents(docs, *, batch: int, seq_len: int, max_segments_per_seq: int,
     run out before the batch is full.
     """
     pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
-    return _pack(pieces, 0, batch=batch, seq_len=seq_len, align=align, cycle=False,
-                 max_segments_per_seq=max_segments_per_seq)[0]
+    return _pack(
+        pieces,
+        0,
+        batch=batch,
+        seq_len=seq_len,
+        align=align,
+        cycle=False,
+        max_segments_per_seq=max_segments_per_seq,
+    )[0]
 
 
-def make_batches(docs, steps: int, *, batch: int, seq_len: int, max_segments_per_seq: int,
-                 segment_len: Optional[int] = None, align: int = 1,
-                 by_paragraph: bool = False) -> List[PackedBatch]:
+def make_batches(
+    docs,
+    steps: int,
+    *,
+    batch: int,
+    seq_len: int,
+    max_segments_per_seq: int,
+    segment_len: int | None = None,
+    align: int = 1,
+    by_paragraph: bool = False,
+) -> list[PackedBatch]:
     """``steps`` consecutive batches as :func:`pack_documents` makes them, starting over
     at the first document when the documents run out."""
     pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
     out, cursor = [], 0
     for _ in range(_positive_int("steps", steps)):
-        packed, cursor = _pack(pieces, cursor, batch=batch, seq_len=seq_len, align=align,
-                               max_segments_per_seq=max_segments_per_seq, cycle=True)
+        packed, cursor = _pack(
+            pieces,
+            cursor,
+            batch=batch,
+            seq_len=seq_len,
+            align=align,
+            max_segments_per_seq=max_segments_per_seq,
+            cycle=True,
+        )
         out.append(packed)
     return out
 
 
-def reorder_for_cp(batch: PackedBatch, *, cp_size: int, stripe_size: Optional[int],
-                   strategy=None, window_size=None) -> PackedBatch:
+def reorder_for_cp(
+    batch: PackedBatch, *, cp_size: int, stripe_size: int | None, strategy=None, window_size=None
+) -> PackedBatch:
     """All five arrays striped for ``cp_size`` devices, once TE is known to handle them.
 
     The layout is checked first with :func:`~tutorial_utils.validation.validate_packed_inputs`
@@ -196,26 +255,38 @@ def reorder_for_cp(batch: PackedBatch, *, cp_size: int, stripe_size: Optional[in
     """
     cp_size = _positive_int("cp_size", cp_size)
     if batch.cp_size != 1 or batch.stripe_size is not None:
-        raise ValueError(f"batch is already reordered (cp_size={batch.cp_size}, stripe_size="
-                         f"{batch.stripe_size}); reorder the natural-order batch instead, or "
-                         "undo the reorder with inverse_reorder_causal_load_balancing first.")
+        raise ValueError(
+            f"batch is already reordered (cp_size={batch.cp_size}, stripe_size="
+            f"{batch.stripe_size}); reorder the natural-order batch instead, or "
+            "undo the reorder with inverse_reorder_causal_load_balancing first."
+        )
     ids, pos = np.asarray(batch.segment_ids), np.asarray(batch.segment_pos)
     why = reorder_mismatch(ids, pos, cp_size=1, stripe_size=stripe_size)
     if why:  # labelled natural, but the arrays say otherwise (a hand-built batch)
-        raise ValueError(f"batch is already reordered: {why.split(', but')[0]} although it "
-                         "is labelled cp_size=1; reorder the natural-order arrays instead.")
-    validate_packed_inputs(ids, pos, max_segments_per_seq=batch.max_segments_per_seq,
-                           cp_size=cp_size, stripe_size=stripe_size, strategy=strategy,
-                           window_size=window_size)
+        raise ValueError(
+            f"batch is already reordered: {why.split(', but')[0]} although it "
+            "is labelled cp_size=1; reorder the natural-order arrays instead."
+        )
+    validate_packed_inputs(
+        ids,
+        pos,
+        max_segments_per_seq=batch.max_segments_per_seq,
+        cp_size=cp_size,
+        stripe_size=stripe_size,
+        strategy=strategy,
+        window_size=window_size,
+    )
     stripe = 1 if stripe_size is None else stripe_size
-    striped = {name: reorder_causal_load_balancing(np.asarray(getattr(batch, name)),
-                                                   ReorderStrategy.Striped, cp_size, 1, stripe)
-               for name in FIELDS}
+    striped = {
+        name: reorder_causal_load_balancing(
+            np.asarray(getattr(batch, name)), ReorderStrategy.Striped, cp_size, 1, stripe
+        )
+        for name in FIELDS
+    }
     return dataclasses.replace(batch, **striped, cp_size=cp_size, stripe_size=stripe)
 
 
-def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int,
-                         stripe_size: Optional[int]) -> None:
+def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int, stripe_size: int | None) -> None:
     """Raise ``ValueError`` unless ``batch`` is striped for a CP axis of ``cp_size`` devices.
 
     Why: TE computes a batch striped for another CP size without an error, and wrongly.
@@ -226,24 +297,37 @@ def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int,
     cp_size = _positive_int("cp_size", cp_size)
     # for cp_size=1 the stripe is irrelevant; the batch's own one recognises its reorder
     stripe = stripe_size if cp_size > 1 else stripe_size or batch.stripe_size
-    why = reorder_mismatch(batch.segment_ids, batch.segment_pos, cp_size=cp_size,
-                           stripe_size=stripe)
+    why = reorder_mismatch(
+        batch.segment_ids, batch.segment_pos, cp_size=cp_size, stripe_size=stripe
+    )
     if why:
         raise ValueError(f"batch: {why}")
     # no CP size explains the layout: undone for this mesh it must still be a packed batch
     # (positions left in natural order while the ids were striped read as none of them)
-    natural = [_undo_reorder(np.asarray(x), ReorderStrategy.Striped, cp_size, 1,
-                                     stripe or 1) for x in (batch.segment_ids, batch.segment_pos)]
+    natural = [
+        _undo_reorder(np.asarray(x), ReorderStrategy.Striped, cp_size, 1, stripe or 1)
+        for x in (batch.segment_ids, batch.segment_pos)
+    ]
     why = first_violation(*natural, max_segments_per_seq=batch.max_segments_per_seq)
     if why:
-        raise ValueError(f"batch: undoing the reorder for cp_size={cp_size}, stripe_size="
-                         f"{stripe or 1} does not give a packed batch ({why}); reorder all five "
-                         "arrays together, positions included, with reorder_for_cp on the "
-                         "natural-order batch.")
+        raise ValueError(
+            f"batch: undoing the reorder for cp_size={cp_size}, stripe_size="
+            f"{stripe or 1} does not give a packed batch ({why}); reorder all five "
+            "arrays together, positions included, with reorder_for_cp on the "
+            "natural-order batch."
+        )
     want = (1, None) if cp_size == 1 else (cp_size, stripe_size or 1)
     have = (batch.cp_size, batch.stripe_size if cp_size == 1 else batch.stripe_size or 1)
     if have != want:
-        fix = ("use the natural-order batch" if cp_size == 1 else "reorder the natural-order "
-               f"batch with reorder_for_cp(batch, cp_size={cp_size}, stripe_size={stripe_size})")
-        raise ValueError(f"batch says it was reordered with (cp_size, stripe_size)={have}, but "
-                         f"the mesh needs {want} (cp_size={cp_size}); {fix}.")
+        fix = (
+            "use the natural-order batch"
+            if cp_size == 1
+            else (
+                "reorder the natural-order "
+                f"batch with reorder_for_cp(batch, cp_size={cp_size}, stripe_size={stripe_size})"
+            )
+        )
+        raise ValueError(
+            f"batch says it was reordered with (cp_size, stripe_size)={have}, but "
+            f"the mesh needs {want} (cp_size={cp_size}); {fix}."
+        )

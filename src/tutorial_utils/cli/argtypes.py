@@ -1,4 +1,5 @@
-"""argparse value types and output-file checks shared by the command-line tools (bench, check, launch).
+"""argparse value types and output-file checks shared by the command-line tools (bench, check,
+launch).
 
 Why: every CLI must reject a bad value with a message that says what was expected and
 what was given; one definition keeps those messages identical across tools.
@@ -10,7 +11,6 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["positive_int", "nonneg_int", "positive_float", "output_file", "record_file"]
 
@@ -54,26 +54,41 @@ def output_file(flag: str, path, *, force: bool) -> Path:
     """
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name inside it, e.g. {str(path / 'report.json')!r}.")
+        raise ValueError(
+            f"{flag} {str(path)!r} is a folder; give a file name inside it, e.g."
+            f" {str(path / 'report.json')!r}."
+        )
     for parent in (path.parent, *path.parent.parents):
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder; choose another path.")
+            raise ValueError(
+                f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder; choose another"
+                " path."
+            )
     if path.exists() and not force:
-        raise ValueError(f"{flag} {str(path)!r} already exists; choose another name or add --force to replace it.")
+        raise ValueError(
+            f"{flag} {str(path)!r} already exists; choose another name or add --force to"
+            " replace it."
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     if not os.access(path.parent, os.W_OK):
         raise ValueError(f"{flag} {str(path)!r}: the folder {str(path.parent)!r} is not writable.")
     return path
 
 
-def record_file(folder, name: Optional[str], *, force: bool) -> Optional[Path]:
+def record_file(folder, name: str | None, *, force: bool) -> Path | None:
     """``output_file`` for a record folder and an optional file name (``--out`` / ``--name``)."""
-    if name is not None and (os.sep in name or (os.altsep and os.altsep in name) or name in ("", ".", "..")):
-        raise ValueError(f"--name {name!r} must be a file name, not a path; give the folder with --out.")
+    if name is not None and (
+        os.sep in name or (os.altsep and os.altsep in name) or name in ("", ".", "..")
+    ):
+        raise ValueError(
+            f"--name {name!r} must be a file name, not a path; give the folder with --out."
+        )
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {str(folder)!r} is a file; give a folder for the record.")
     if name is None:
         folder.mkdir(parents=True, exist_ok=True)
         return None
-    return output_file("--name", folder / (name if name.endswith(".json") else name + ".json"), force=force)
+    return output_file(
+        "--name", folder / (name if name.endswith(".json") else name + ".json"), force=force
+    )

@@ -34,23 +34,29 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 import pathlib
 import re
 import sys
 import time
-from typing import List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Report", "load_batches", "check", "main", "TOLERANCE", "DEFAULT_HEAD_DIM", "REQUIRED_ARRAYS"]
+__all__ = [
+    "Report",
+    "load_batches",
+    "check",
+    "main",
+    "TOLERANCE",
+    "DEFAULT_HEAD_DIM",
+    "REQUIRED_ARRAYS",
+]
 
 #: Largest absolute difference of float32 outputs that still counts as the same attention.
 TOLERANCE = 2e-5
 DEFAULT_HEAD_DIM = 8
 REQUIRED_ARRAYS = ("segment_ids", "segment_pos")
 STRATEGIES = ("allgather", "ring")
-_GIB = 1024 ** 3
+_GIB = 1024**3
 
 
 @dataclasses.dataclass
@@ -63,17 +69,17 @@ class Report:
     cp: int
     strategy: str
     stripe: int
-    window: Optional[Tuple[int, int]]
+    window: tuple[int, int] | None
     max_segments: int
     head_dim: int
     verdict: str
-    validator: Optional[str]  # None = accepts, else the violated rule
-    fix: Optional[str]
+    validator: str | None  # None = accepts, else the violated rule
+    fix: str | None
     max_error_cp_vs_one_device: float
     max_error_cp_vs_reference: float
     max_error_one_device_vs_reference: float
     wrong_rows: int  # tokens (batch row, position) whose CP output is wrong
-    wrong_segments: List[dict]
+    wrong_segments: list[dict]
     memory_estimate_bytes: int
     seconds: float
     outputs: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -86,30 +92,52 @@ class Report:
     def text(self) -> str:
         win = f", window={self.window}" if self.window else ""
         lines = [
-            f"check_layout: {self.file}: {self.batch} x {self.seq:,} tokens, cp={self.cp}, strategy={self.strategy}, "
-            f"stripe={self.stripe}{win}, max_segments_per_seq={self.max_segments}",
-            f"  run: TE's own CP code on {self.cp} simulated CPU devices (reference kernel in place of cuDNN), random "
-            f"q/k/v with 1 head, head_dim {self.head_dim}, float32; {self.seconds:.1f} s",
+            (
+                f"check_layout: {self.file}: {self.batch} x {self.seq:,} tokens, cp={self.cp},"
+                f" strategy={self.strategy}, stripe={self.stripe}{win},"
+                f" max_segments_per_seq={self.max_segments}"
+            ),
+            (
+                f"  run: TE's own CP code on {self.cp} simulated CPU devices (reference kernel in"
+                f" place of cuDNN), random q/k/v with 1 head, head_dim {self.head_dim}, float32;"
+                f" {self.seconds:.1f} s"
+            ),
             f"  memory estimate: {self.memory_estimate_bytes / _GIB:.2f} GiB",
             f"  validator: {'accepts' if self.validator is None else 'rejects'}",
-            f"  max error: CP vs one device {self.max_error_cp_vs_one_device:.3g}, CP vs reference "
-            f"{self.max_error_cp_vs_reference:.3g}, one device vs reference {self.max_error_one_device_vs_reference:.3g} "
-            f"(tolerance {TOLERANCE:g})",
+            (
+                f"  max error: CP vs one device {self.max_error_cp_vs_one_device:.3g}, CP vs"
+                f" reference {self.max_error_cp_vs_reference:.3g}, one device vs reference"
+                f" {self.max_error_one_device_vs_reference:.3g} (tolerance {TOLERANCE:g})"
+            ),
         ]
         if self.verdict == "ok":
             lines.append("  verdict: OK - TE's CP code computes this layout right")
         else:
-            head = ("WRONG - TE's CP code attends the wrong keys" if self.verdict == "wrong" else
-                    "REJECTED - TE computed this batch right, but the validator rejects it (please report this)")
-            lines.append(f"  verdict: {head}: {self.wrong_rows:,} token rows in {len(self.wrong_segments)} segments")
+            head = (
+                "WRONG - TE's CP code attends the wrong keys"
+                if self.verdict == "wrong"
+                else (
+                    "REJECTED - TE computed this batch right, but the validator rejects it (please"
+                    " report this)"
+                )
+            )
+            lines.append(
+                f"  verdict: {head}: {self.wrong_rows:,} token rows in"
+                f" {len(self.wrong_segments)} segments"
+            )
             for seg in self.wrong_segments[:10]:
                 what = "padding" if seg["segment"] == 0 else f"segment {seg['segment']}"
-                lines.append(f"    row {seg['row']}, {what}: {seg['tokens']:,} tokens wrong, first at token "
-                             f"{seg['first_token']:,}")
+                lines.append(
+                    f"    row {seg['row']}, {what}: {seg['tokens']:,} tokens wrong, first at token "
+                    f"{seg['first_token']:,}"
+                )
             if len(self.wrong_segments) > 10:
                 lines.append(f"    ... and {len(self.wrong_segments) - 10} more segments")
             if self.max_error_one_device_vs_reference > TOLERANCE:
-                lines.append("  note: the one-device call is wrong too (e.g. more segments than max_segments_per_seq)")
+                lines.append(
+                    "  note: the one-device call is wrong too (e.g. more segments than"
+                    " max_segments_per_seq)"
+                )
             if self.validator:
                 lines.append(f"  rule broken: {self.validator}")
             if self.fix:
@@ -117,44 +145,60 @@ class Report:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- reading the reader's files
+# ----------------------------------------------------------------------------- reading the reader's
 
 
 def _load_one(path: pathlib.Path):
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
-        raise ValueError(f"BATCH={str(path)!r} is not a readable .npz file ({err}); save your arrays with "
-                         "np.savez(path, segment_ids=ids, segment_pos=pos).") from err
+        raise ValueError(
+            f"BATCH={str(path)!r} is not a readable .npz file ({err}); save your arrays with "
+            "np.savez(path, segment_ids=ids, segment_pos=pos)."
+        ) from err
     if not hasattr(data, "files"):
-        raise ValueError(f"BATCH={str(path)!r} holds a single array, not an .npz archive; save both arrays with "
-                         "np.savez(path, segment_ids=ids, segment_pos=pos).")
+        raise ValueError(
+            f"BATCH={str(path)!r} holds a single array, not an .npz archive; save both arrays with "
+            "np.savez(path, segment_ids=ids, segment_pos=pos)."
+        )
     missing = [name for name in REQUIRED_ARRAYS if name not in data.files]
     if missing:
-        raise ValueError(f"BATCH={str(path)!r} has no array {missing[0]!r} (it holds {sorted(data.files)}); it needs "
-                         "segment_ids and segment_pos, e.g. np.savez(path, segment_ids=ids, segment_pos=pos).")
+        raise ValueError(
+            f"BATCH={str(path)!r} has no array {missing[0]!r} (it holds {sorted(data.files)}); it"
+            " needs segment_ids and segment_pos, e.g. np.savez(path, segment_ids=ids,"
+            " segment_pos=pos)."
+        )
     ids, pos = data["segment_ids"], data["segment_pos"]
     for name, arr in (("segment_ids", ids), ("segment_pos", pos)):
         if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"{path}: {name} has dtype {arr.dtype}, not an integer type; save it with "
-                             f"{name}.astype(np.int32).")
+            raise ValueError(
+                f"{path}: {name} has dtype {arr.dtype}, not an integer type; save it with "
+                f"{name}.astype(np.int32)."
+            )
         if arr.ndim != 2:
             hint = " (one row? save it as x[None])" if arr.ndim == 1 else ""
-            raise ValueError(f"{path}: {name} has shape {arr.shape}; it must be 2-D [batch, seq]{hint}.")
+            raise ValueError(
+                f"{path}: {name} has shape {arr.shape}; it must be 2-D [batch, seq]{hint}."
+            )
     if ids.shape != pos.shape:
-        raise ValueError(f"{path}: segment_ids has shape {ids.shape} but segment_pos has shape {pos.shape}; they "
-                         "must match token for token.")
+        raise ValueError(
+            f"{path}: segment_ids has shape {ids.shape} but segment_pos has shape {pos.shape}; they"
+            " must match token for token."
+        )
     if ids.size == 0:
         raise ValueError(f"{path}: the arrays are empty (shape {ids.shape}).")
     return ids.astype(np.int32), pos.astype(np.int32)
 
 
-def load_batches(path) -> List[Tuple[str, np.ndarray, np.ndarray]]:
-    """``[(name, segment_ids, segment_pos), ...]`` from an ``.npz`` file or a folder of them (ValueError if bad)."""
+def load_batches(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``[(name, segment_ids, segment_pos), ...]`` from an ``.npz`` file or a folder of them
+    (ValueError if bad)."""
     path = pathlib.Path(path)
     if not path.exists():
-        raise ValueError(f"BATCH={str(path)!r} does not exist; pass an .npz file with segment_ids and segment_pos "
-                         "[batch, seq] arrays, or a folder of such files.")
+        raise ValueError(
+            f"BATCH={str(path)!r} does not exist; pass an .npz file with segment_ids and"
+            " segment_pos [batch, seq] arrays, or a folder of such files."
+        )
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
         if not files:
@@ -171,12 +215,20 @@ def _check_args(cp, strategy, stripe, window, max_segments, head_dim):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive int.")
     if strategy not in STRATEGIES:
-        raise ValueError(f"--strategy={strategy!r} is not one of {STRATEGIES} (TE's THD CP strategies).")
+        raise ValueError(
+            f"--strategy={strategy!r} is not one of {STRATEGIES} (TE's THD CP strategies)."
+        )
     if window is not None and (not isinstance(window, (int, np.integer)) or window < 0):
-        raise ValueError(f"--window={window!r} must be an int >= 0: the left side of a causal sliding window "
-                         "(window_size=(L, 0)); leave it out for full causal attention.")
-    if max_segments is not None and (not isinstance(max_segments, (int, np.integer)) or max_segments < 1):
-        raise ValueError(f"--max-segments={max_segments!r} must be a positive int (your max_segments_per_seq).")
+        raise ValueError(
+            f"--window={window!r} must be an int >= 0: the left side of a causal sliding window "
+            "(window_size=(L, 0)); leave it out for full causal attention."
+        )
+    if max_segments is not None and (
+        not isinstance(max_segments, (int, np.integer)) or max_segments < 1
+    ):
+        raise ValueError(
+            f"--max-segments={max_segments!r} must be a positive int (your max_segments_per_seq)."
+        )
 
 
 def _te():
@@ -190,11 +242,25 @@ def _te():
 
 def _fused(A, q, k, v, ids, pos, *, window, max_segments, cp_axis="", strategy=None, stripe=None):
     desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
-    return A.fused_attn((q, k, v), None, desc, None, A.AttnBiasType.NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK,
-                        A.QKVLayout.THD_THD_THD, A.AttnSoftmaxType.VANILLA_SOFTMAX, q.shape[-1] ** -0.5, 0.0, True,
-                        max_segments_per_seq=max_segments, window_size=window, context_parallel_strategy=strategy
-                        if strategy is not None else A.CPStrategy.DEFAULT, context_parallel_causal_load_balanced=bool(
-                            cp_axis), context_parallel_axis=cp_axis, stripe_size=stripe if cp_axis else None)
+    return A.fused_attn(
+        (q, k, v),
+        None,
+        desc,
+        None,
+        A.AttnBiasType.NO_BIAS,
+        A.AttnMaskType.PADDING_CAUSAL_MASK,
+        A.QKVLayout.THD_THD_THD,
+        A.AttnSoftmaxType.VANILLA_SOFTMAX,
+        q.shape[-1] ** -0.5,
+        0.0,
+        True,
+        max_segments_per_seq=max_segments,
+        window_size=window,
+        context_parallel_strategy=strategy if strategy is not None else A.CPStrategy.DEFAULT,
+        context_parallel_causal_load_balanced=bool(cp_axis),
+        context_parallel_axis=cp_axis,
+        stripe_size=stripe if cp_axis else None,
+    )
 
 
 def _abstract(batch, seq, head_dim, sharding=None):
@@ -214,45 +280,67 @@ def _memory(compiled, devices=1) -> int:
     return int(per) * devices
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim):
     import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     te_on_cpu, A = _te()
     from transformer_engine.jax.sharding import MeshResource
+
     te = sys.modules["transformer_engine.jax"]
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
     sharding = NamedSharding(mesh, P(None, "cp"))
     strat = A.CPStrategy.RING if strategy == "ring" else A.CPStrategy.ALL_GATHER
-    fn = functools.partial(_fused, A, window=window, max_segments=max_segments, cp_axis="cp", strategy=strat,
-                           stripe=stripe)
-    with te_on_cpu.allow_fp32(), jax.set_mesh(mesh), te.autocast(mesh_resource=MeshResource(cp_resource="cp")):
-        compiled = jax.jit(fn, in_shardings=(sharding,) * 5, out_shardings=sharding).lower(
-            *_abstract(batch, seq, head_dim, sharding)).compile()
+    fn = functools.partial(
+        _fused,
+        A,
+        window=window,
+        max_segments=max_segments,
+        cp_axis="cp",
+        strategy=strat,
+        stripe=stripe,
+    )
+    with (
+        te_on_cpu.allow_fp32(),
+        jax.set_mesh(mesh),
+        te.autocast(mesh_resource=MeshResource(cp_resource="cp")),
+    ):
+        compiled = (
+            jax.jit(fn, in_shardings=(sharding,) * 5, out_shardings=sharding)
+            .lower(*_abstract(batch, seq, head_dim, sharding))
+            .compile()
+        )
 
     def run(q, k, v, ids, pos):
         def put(x):
             x = A.reorder_causal_load_balancing(x, A.ReorderStrategy.Striped, cp, 1, stripe)
             return jax.device_put(x, sharding)
+
         out = compiled(*(put(x) for x in (q, k, v, ids, pos)))
-        return np.asarray(A.inverse_reorder_causal_load_balancing(out, A.ReorderStrategy.Striped, cp, 1, stripe))
+        return np.asarray(
+            A.inverse_reorder_causal_load_balancing(out, A.ReorderStrategy.Striped, cp, 1, stripe)
+        )
 
     return run, _memory(compiled, cp)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _one_device_program(window, max_segments, batch, seq, head_dim):
     import jax
 
     te_on_cpu, A = _te()
     with te_on_cpu.allow_fp32():
-        compiled = jax.jit(functools.partial(_fused, A, window=window, max_segments=max_segments)).lower(
-            *_abstract(batch, seq, head_dim)).compile()
+        compiled = (
+            jax.jit(functools.partial(_fused, A, window=window, max_segments=max_segments))
+            .lower(*_abstract(batch, seq, head_dim))
+            .compile()
+        )
     return (lambda *a: np.asarray(compiled(*a))), _memory(compiled)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference_program(window, batch, seq, head_dim):
     """Attention as the segment ids and positions define it (never through TE's metadata)."""
     import jax
@@ -262,7 +350,7 @@ def _reference_program(window, batch, seq, head_dim):
     spec = MaskSpec(padding=True, causal=True, window=window or (-1, -1))
 
     def ref(q, k, v, ids, pos):
-        return blockwise_attention(q, k, v, ids, ids, pos, pos, scale=head_dim ** -0.5, spec=spec)[0]
+        return blockwise_attention(q, k, v, ids, ids, pos, pos, scale=head_dim**-0.5, spec=spec)[0]
 
     compiled = jax.jit(ref).lower(*_abstract(batch, seq, head_dim)).compile()
     return (lambda *a: np.asarray(compiled(*a))), _memory(compiled)
@@ -271,7 +359,7 @@ def _reference_program(window, batch, seq, head_dim):
 # ----------------------------------------------------------------------------- the check
 
 
-def _fix_of(message: Optional[str]) -> Optional[str]:
+def _fix_of(message: str | None) -> str | None:
     if not message:
         return None
     if "Fix:" in message:
@@ -284,7 +372,9 @@ def _wrong_segments(wrong, ids):
     out = []
     for b, sid in sorted({(int(b), int(ids[b, t])) for b, t in zip(*np.nonzero(wrong))}):
         tokens = np.nonzero(wrong[b] & (ids[b] == sid))[0]
-        out.append({"row": b, "segment": sid, "tokens": int(tokens.size), "first_token": int(tokens[0])})
+        out.append(
+            {"row": b, "segment": sid, "tokens": int(tokens.size), "first_token": int(tokens[0])}
+        )
     return out
 
 
@@ -293,20 +383,35 @@ def default_memory_limit() -> int:
     limit = 16 * _GIB
     try:
         with open("/proc/meminfo") as fh:
-            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+            avail = next(
+                int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")
+            )
         limit = min(limit, int(0.8 * avail))
     except (OSError, StopIteration, ValueError):
         pass
     return limit
 
 
-def check(segment_ids, segment_pos, *, cp: int, strategy: str, stripe: int = 1, window: Optional[int] = None,
-          max_segments: Optional[int] = None, head_dim: int = DEFAULT_HEAD_DIM, memory_limit: Optional[int] = None,
-          seed: int = 0, name: str = "<arrays>", progress=None) -> Report:
+def check(
+    segment_ids,
+    segment_pos,
+    *,
+    cp: int,
+    strategy: str,
+    stripe: int = 1,
+    window: int | None = None,
+    max_segments: int | None = None,
+    head_dim: int = DEFAULT_HEAD_DIM,
+    memory_limit: int | None = None,
+    seed: int = 0,
+    name: str = "<arrays>",
+    progress=None,
+) -> Report:
     """Run the validator and TE's CP code on one ``[batch, seq]`` layout; see the module docstring.
 
     Needs ``cp`` JAX devices (the command line simulates them). ``progress`` is called with a stage
-    name after each stage. Raises ``ValueError`` for bad arguments or a memory estimate past the limit.
+    name after each stage. Raises ``ValueError`` for bad arguments or a memory estimate past the
+    limit.
     """
     import jax
     import jax.numpy as jnp
@@ -317,31 +422,50 @@ def check(segment_ids, segment_pos, *, cp: int, strategy: str, stripe: int = 1, 
     step = progress or (lambda _stage: None)
     _check_args(cp, strategy, stripe, window, max_segments, head_dim)
     ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
-    if ids.ndim != 2 or ids.shape != pos.shape or not all(np.issubdtype(x.dtype, np.integer) for x in (ids, pos)):
-        raise ValueError(f"segment_ids {ids.shape} {ids.dtype} and segment_pos {pos.shape} {pos.dtype} must be integer "
-                         "[batch, seq] arrays of the same shape.")
+    if (
+        ids.ndim != 2
+        or ids.shape != pos.shape
+        or not all(np.issubdtype(x.dtype, np.integer) for x in (ids, pos))
+    ):
+        raise ValueError(
+            f"segment_ids {ids.shape} {ids.dtype} and segment_pos {pos.shape} {pos.dtype} must be"
+            " integer [batch, seq] arrays of the same shape."
+        )
     ids, pos = ids.astype(np.int32), pos.astype(np.int32)
     batch, seq = ids.shape
     check_divisible_seq(seq, cp, stripe, name="seq (segment_ids.shape[1])")
     if len(jax.devices()) < cp:
-        raise ValueError(f"--cp={cp} needs {cp} JAX devices, this process has {len(jax.devices())}; run "
-                         "`python -m tutorial_utils.cli.check_layout`, which simulates them on CPU.")
+        raise ValueError(
+            f"--cp={cp} needs {cp} JAX devices, this process has {len(jax.devices())}; run "
+            "`python -m tutorial_utils.cli.check_layout`, which simulates them on CPU."
+        )
     segs = max_segments if max_segments is not None else max(1, int(ids.max()))
     win = None if window is None else (int(window), 0)
-    rule = first_violation(ids, pos, max_segments_per_seq=segs, cp_size=cp, stripe_size=stripe, strategy=strategy,
-                           window_size=win)
+    rule = first_violation(
+        ids,
+        pos,
+        max_segments_per_seq=segs,
+        cp_size=cp,
+        stripe_size=stripe,
+        strategy=strategy,
+        window_size=win,
+    )
     step("validator")
     run_cp, mem_cp = _cp_program(cp, strategy, stripe, win, segs, batch, seq, head_dim)
     run_one, mem_one = _one_device_program(win, segs, batch, seq, head_dim)
     run_ref, mem_ref = _reference_program(win, batch, seq, head_dim)
-    inputs = batch * seq * (3 * head_dim * 4 + 8) * 3  # q/k/v/ids/pos, their reordered copies and the outputs
+    inputs = (
+        batch * seq * (3 * head_dim * 4 + 8) * 3
+    )  # q/k/v/ids/pos, their reordered copies and the outputs
     estimate = inputs + max(mem_cp, mem_one, mem_ref)
     limit = default_memory_limit() if memory_limit is None else memory_limit
     step("compile")
     if estimate > limit:
-        raise ValueError(f"memory estimate {estimate / _GIB:.2f} GiB exceeds --memory-limit-gb={limit / _GIB:.2f} for "
-                         f"{batch} x {seq:,} tokens; check fewer rows at a time (split the batch into several .npz "
-                         "files in a folder) or raise the limit.")
+        raise ValueError(
+            f"memory estimate {estimate / _GIB:.2f} GiB exceeds"
+            f" --memory-limit-gb={limit / _GIB:.2f} for {batch} x {seq:,} tokens; check fewer rows"
+            " at a time (split the batch into several .npz files in a folder) or raise the limit."
+        )
     keys = jax.random.split(jax.random.PRNGKey(seed), 3)
     q, k, v = (jax.random.normal(kk, (batch, seq, 1, head_dim), jnp.float32) for kk in keys)
     args = (q, k, v, jnp.asarray(ids), jnp.asarray(pos))
@@ -356,14 +480,34 @@ def check(segment_ids, segment_pos, *, cp: int, strategy: str, stripe: int = 1, 
     right = not wrong.any()
     verdict = ("ok" if rule is None else "rejected") if right else "wrong"
     return Report(
-        file=name, batch=batch, seq=seq, cp=cp, strategy=strategy, stripe=stripe, window=win, max_segments=segs,
-        head_dim=head_dim, verdict=verdict, validator=rule, fix=_fix_of(rule),
+        file=name,
+        batch=batch,
+        seq=seq,
+        cp=cp,
+        strategy=strategy,
+        stripe=stripe,
+        window=win,
+        max_segments=segs,
+        head_dim=head_dim,
+        verdict=verdict,
+        validator=rule,
+        fix=_fix_of(rule),
         max_error_cp_vs_one_device=float(np.max(np.abs(out_cp - out_one))),
         max_error_cp_vs_reference=float(row_err.max()),
         max_error_one_device_vs_reference=float(np.max(np.abs(out_one - out_ref))),
-        wrong_rows=int(wrong.sum()), wrong_segments=_wrong_segments(wrong, ids), memory_estimate_bytes=int(estimate),
-        seconds=time.perf_counter() - t0, outputs={"cp": out_cp, "one_device": out_one, "reference": out_ref,
-                                                   "q": np.asarray(q), "k": np.asarray(k), "v": np.asarray(v)})
+        wrong_rows=int(wrong.sum()),
+        wrong_segments=_wrong_segments(wrong, ids),
+        memory_estimate_bytes=int(estimate),
+        seconds=time.perf_counter() - t0,
+        outputs={
+            "cp": out_cp,
+            "one_device": out_one,
+            "reference": out_ref,
+            "q": np.asarray(q),
+            "k": np.asarray(k),
+            "v": np.asarray(v),
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- command line
@@ -374,21 +518,51 @@ STAGES = ("validator", "compile", "TE CP", "TE one device", "reference")
 def _parser():
     p = argparse.ArgumentParser(
         prog="python -m tutorial_utils.cli.check_layout",
-        description="Check a packed batch (segment_ids/segment_pos [batch, seq], un-reordered) against TE's own CP "
-                    "code on CPU: the exact validator, then TE's CP call vs one device vs the segment-id reference.")
-    p.add_argument("batch", help=".npz file with segment_ids and segment_pos [batch, seq] integer arrays, or a folder")
-    p.add_argument("--cp", type=int, required=True, help="context-parallel size (simulated CPU devices)")
+        description=(
+            "Check a packed batch (segment_ids/segment_pos [batch, seq], un-reordered) against TE's"
+            " own CP code on CPU: the exact validator, then TE's CP call vs one device vs the"
+            " segment-id reference."
+        ),
+    )
+    p.add_argument(
+        "batch",
+        help=".npz file with segment_ids and segment_pos [batch, seq] integer arrays, or a folder",
+    )
+    p.add_argument(
+        "--cp", type=int, required=True, help="context-parallel size (simulated CPU devices)"
+    )
     p.add_argument("--strategy", required=True, choices=STRATEGIES)
-    p.add_argument("--stripe", type=int, default=1, help="stripe_size of the striped reorder (Ring: 1)")
-    p.add_argument("--window", type=int, default=None, metavar="L", help="causal sliding window (L, 0)")
-    p.add_argument("--max-segments", type=int, default=None, metavar="M",
-                   help="max_segments_per_seq (default: the largest segment id in the batch)")
+    p.add_argument(
+        "--stripe", type=int, default=1, help="stripe_size of the striped reorder (Ring: 1)"
+    )
+    p.add_argument(
+        "--window", type=int, default=None, metavar="L", help="causal sliding window (L, 0)"
+    )
+    p.add_argument(
+        "--max-segments",
+        type=int,
+        default=None,
+        metavar="M",
+        help="max_segments_per_seq (default: the largest segment id in the batch)",
+    )
     p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM, help=argparse.SUPPRESS)
-    p.add_argument("--memory-limit-gb", type=float, default=None,
-                   help="refuse past this estimate (default 16, or 80%% of available memory if less)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (a list for a folder) instead of text")
-    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar on stderr (auto: when stderr is a terminal)")
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        help="refuse past this estimate (default 16, or 80%% of available memory if less)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (a list for a folder) instead of text",
+    )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="progress bar on stderr (auto: when stderr is a terminal)",
+    )
     return p
 
 
@@ -406,21 +580,44 @@ def main(argv=None) -> int:
         batches = load_batches(args.batch)
         limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * _GIB)
         reports = []
-        with tqdm(total=len(batches) * len(STAGES), desc="check_layout", unit="stage", file=sys.stderr,
-                  disable={"auto": None, "on": False, "off": True}[args.progress]) as bar:
+        with tqdm(
+            total=len(batches) * len(STAGES),
+            desc="check_layout",
+            unit="stage",
+            file=sys.stderr,
+            disable={"auto": None, "on": False, "off": True}[args.progress],
+        ) as bar:
             for name, ids, pos in batches:
+
                 def progress(stage, bar=bar, name=name):
                     bar.set_postfix_str(f"{pathlib.Path(name).name}: {stage}")
                     bar.update(1)
-                reports.append(check(ids, pos, cp=args.cp, strategy=args.strategy, stripe=args.stripe,
-                                     window=args.window, max_segments=args.max_segments, head_dim=args.head_dim,
-                                     memory_limit=limit, name=name, progress=progress))
+
+                reports.append(
+                    check(
+                        ids,
+                        pos,
+                        cp=args.cp,
+                        strategy=args.strategy,
+                        stripe=args.stripe,
+                        window=args.window,
+                        max_segments=args.max_segments,
+                        head_dim=args.head_dim,
+                        memory_limit=limit,
+                        name=name,
+                        progress=progress,
+                    )
+                )
     except ValueError as err:
         print(f"check_layout: error: {err}", file=sys.stderr)
         return 2
     if args.json:
         data = [r.to_json() for r in reports]
-        print(json.dumps(data if len(data) > 1 or pathlib.Path(args.batch).is_dir() else data[0], indent=1))
+        print(
+            json.dumps(
+                data if len(data) > 1 or pathlib.Path(args.batch).is_dir() else data[0], indent=1
+            )
+        )
     else:
         print("\n".join(r.text() for r in reports))
     return 0 if all(r.verdict == "ok" for r in reports) else 1

@@ -29,12 +29,13 @@ import platform
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import numpy as np
 
 SCHEMA = "te-support-matrix/1"
-DEFAULT_OUT = Path(__file__).resolve().parents[3] / "results" / "support_matrix" / "te-2.20.2-cpu.json"
+DEFAULT_OUT = (
+    Path(__file__).resolve().parents[3] / "results" / "support_matrix" / "te-2.20.2-cpu.json"
+)
 TOL = 0.0394  # TE's dtype_tols for bf16
 CP = 4
 SEQ = 64
@@ -48,33 +49,75 @@ COLUMNS = {
     "allgather-stripe4": ("ALL_GATHER", 4),
     "ring-stripe1": ("RING", 1),
 }
-COLUMN_LABELS = {"single": "one device", "allgather-stripe1": "AllGather, stripe 1",
-                 "allgather-stripe4": "AllGather, stripe 4", "ring-stripe1": "Ring, stripe 1"}
+COLUMN_LABELS = {
+    "single": "one device",
+    "allgather-stripe1": "AllGather, stripe 1",
+    "allgather-stripe4": "AllGather, stripe 4",
+    "ring-stripe1": "Ring, stripe 1",
+}
 
-_BASE = dict(mask="PADDING_CAUSAL_MASK", bias=False, dropout=0.0, window=None, hq=2, hkv=2, softmax="VANILLA_SOFTMAX")
+_BASE = dict(
+    mask="PADDING_CAUSAL_MASK",
+    bias=False,
+    dropout=0.0,
+    window=None,
+    hq=2,
+    hkv=2,
+    softmax="VANILLA_SOFTMAX",
+)
 
 
 def _row(row_id, label, layout, **kw):
     return {"id": row_id, "label": label, "layout": layout, **{**_BASE, **kw}}
 
 
-_MASKS = ["NO_MASK", "PADDING_MASK", "CAUSAL_MASK", "PADDING_CAUSAL_MASK", "CAUSAL_BOTTOM_RIGHT_MASK",
-          "PADDING_CAUSAL_BOTTOM_RIGHT_MASK"]
-ROWS: List[dict] = (
-    [_row(f"{lay.lower()}-{m.lower().replace('_mask', '').replace('_', '-')}", f"{lay}, {m}", lay, mask=m)
-     for lay in ("THD", "BSHD") for m in _MASKS]
-    + [_row("thd-window", "THD, PADDING_CAUSAL_MASK, window (8, 0)", "THD", window=(8, 0)),
-       _row("thd-gqa", "THD, PADDING_CAUSAL_MASK, GQA 4:1", "THD", hq=4, hkv=1),
-       _row("thd-off-by-one", "THD, PADDING_CAUSAL_MASK, OFF_BY_ONE_SOFTMAX", "THD", softmax="OFF_BY_ONE_SOFTMAX"),
-       _row("thd-learnable", "THD, PADDING_CAUSAL_MASK, LEARNABLE_SOFTMAX", "THD", softmax="LEARNABLE_SOFTMAX"),
-       _row("thd-bias", "THD, PADDING_CAUSAL_MASK, POST_SCALE_BIAS", "THD", bias=True),
-       _row("thd-dropout", "THD, PADDING_CAUSAL_MASK, dropout 0.1 (training)", "THD", dropout=0.1),
-       _row("bshd-window", "BSHD, CAUSAL_MASK, window (8, 0)", "BSHD", mask="CAUSAL_MASK", window=(8, 0)),
-       _row("bshd-gqa", "BSHD, CAUSAL_MASK, GQA 4:1", "BSHD", mask="CAUSAL_MASK", hq=4, hkv=1),
-       _row("bshd-bias", "BSHD, CAUSAL_MASK, POST_SCALE_BIAS", "BSHD", mask="CAUSAL_MASK", bias=True),
-       _row("bshd-learnable", "BSHD, CAUSAL_MASK, LEARNABLE_SOFTMAX", "BSHD", mask="CAUSAL_MASK",
-            softmax="LEARNABLE_SOFTMAX")]
-)
+_MASKS = [
+    "NO_MASK",
+    "PADDING_MASK",
+    "CAUSAL_MASK",
+    "PADDING_CAUSAL_MASK",
+    "CAUSAL_BOTTOM_RIGHT_MASK",
+    "PADDING_CAUSAL_BOTTOM_RIGHT_MASK",
+]
+ROWS: list[dict] = [
+    _row(
+        f"{lay.lower()}-{m.lower().replace('_mask', '').replace('_', '-')}",
+        f"{lay}, {m}",
+        lay,
+        mask=m,
+    )
+    for lay in ("THD", "BSHD")
+    for m in _MASKS
+] + [
+    _row("thd-window", "THD, PADDING_CAUSAL_MASK, window (8, 0)", "THD", window=(8, 0)),
+    _row("thd-gqa", "THD, PADDING_CAUSAL_MASK, GQA 4:1", "THD", hq=4, hkv=1),
+    _row(
+        "thd-off-by-one",
+        "THD, PADDING_CAUSAL_MASK, OFF_BY_ONE_SOFTMAX",
+        "THD",
+        softmax="OFF_BY_ONE_SOFTMAX",
+    ),
+    _row(
+        "thd-learnable",
+        "THD, PADDING_CAUSAL_MASK, LEARNABLE_SOFTMAX",
+        "THD",
+        softmax="LEARNABLE_SOFTMAX",
+    ),
+    _row("thd-bias", "THD, PADDING_CAUSAL_MASK, POST_SCALE_BIAS", "THD", bias=True),
+    _row("thd-dropout", "THD, PADDING_CAUSAL_MASK, dropout 0.1 (training)", "THD", dropout=0.1),
+    _row(
+        "bshd-window", "BSHD, CAUSAL_MASK, window (8, 0)", "BSHD", mask="CAUSAL_MASK", window=(8, 0)
+    ),
+    _row("bshd-gqa", "BSHD, CAUSAL_MASK, GQA 4:1", "BSHD", mask="CAUSAL_MASK", hq=4, hkv=1),
+    _row("bshd-bias", "BSHD, CAUSAL_MASK, POST_SCALE_BIAS", "BSHD", mask="CAUSAL_MASK", bias=True),
+    _row(
+        "bshd-learnable",
+        "BSHD, CAUSAL_MASK, LEARNABLE_SOFTMAX",
+        "BSHD",
+        mask="CAUSAL_MASK",
+        softmax="LEARNABLE_SOFTMAX",
+    ),
+]
 
 #: where each kind of refusal is explained (pattern in the message -> page#anchor)
 RULES = [
@@ -92,11 +135,12 @@ def rule_for(message: str) -> str:
 
 
 def _layout_ids(fills, seq=SEQ, slot=16):
-    """Slot-aligned segments (aligned to cp*stripe for every column): TE's documented safe layout."""
+    """Slot-aligned segments (aligned to cp*stripe for every column): TE's documented safe
+    layout."""
     ids = np.zeros((1, seq), np.int32)
     pos = np.tile(np.arange(slot, dtype=np.int32), seq // slot)[None]
     for j, fill in enumerate(fills):
-        ids[0, j * slot:j * slot + fill] = j + 1
+        ids[0, j * slot : j * slot + fill] = j + 1
     return ids, pos
 
 
@@ -108,27 +152,56 @@ def _inputs(row):
 
     def draw(shape):
         return np.asarray(jnp.asarray(rng.normal(size=shape), jnp.bfloat16).astype(jnp.float32))
-    q, k, v, do = draw((1, SEQ, row["hq"], D)), draw((1, SEQ, row["hkv"], D)), draw((1, SEQ, row["hkv"], D)), \
-        draw((1, SEQ, row["hq"], D))
+
+    q, k, v, do = (
+        draw((1, SEQ, row["hq"], D)),
+        draw((1, SEQ, row["hkv"], D)),
+        draw((1, SEQ, row["hkv"], D)),
+        draw((1, SEQ, row["hq"], D)),
+    )
     mask = row["mask"]
     padding, causal, br = "PADDING" in mask, "CAUSAL" in mask, "BOTTOM_RIGHT" in mask
     if row["layout"] == "THD":
         ids_q, pos_q = _layout_ids((13, 10, 16, 7) if br else (13, 16, 9, 12))
-        ids_kv, pos_kv = (_layout_ids((15, 13, 16, 11)) if br else (ids_q, pos_q))
+        ids_kv, pos_kv = _layout_ids((15, 13, 16, 11)) if br else (ids_q, pos_q)
         lens_q = lens_kv = None
     else:
         lens_q = np.array([50 if padding else SEQ], np.int32)
         lens_kv = np.array([58 if (padding and br) else (50 if padding else SEQ)], np.int32)
         ar = np.arange(SEQ)[None]
-        ids_q, ids_kv = (ar < lens_q[:, None]).astype(np.int32), (ar < lens_kv[:, None]).astype(np.int32)
+        ids_q, ids_kv = (
+            (ar < lens_q[:, None]).astype(np.int32),
+            (ar < lens_kv[:, None]).astype(np.int32),
+        )
         pos_q = pos_kv = ar.astype(np.int32)
-    vis = _visible(ids_q, ids_kv, pos_q, pos_kv, padding=padding or row["layout"] == "THD", causal=causal,
-                   bottom_right=br, window=row["window"] or (-1, -1))
-    sink = {"VANILLA_SOFTMAX": None, "OFF_BY_ONE_SOFTMAX": np.zeros(row["hq"], np.float32),
-            "LEARNABLE_SOFTMAX": bf(rng.normal(size=row["hq"]))}[row["softmax"]]
+    vis = _visible(
+        ids_q,
+        ids_kv,
+        pos_q,
+        pos_kv,
+        padding=padding or row["layout"] == "THD",
+        causal=causal,
+        bottom_right=br,
+        window=row["window"] or (-1, -1),
+    )
+    sink = {
+        "VANILLA_SOFTMAX": None,
+        "OFF_BY_ONE_SOFTMAX": np.zeros(row["hq"], np.float32),
+        "LEARNABLE_SOFTMAX": bf(rng.normal(size=row["hq"])),
+    }[row["softmax"]]
     bias = draw((1, row["hq"], SEQ, SEQ)) if row["bias"] else None
-    return dict(q=q, k=k, v=v, do=do, ids=(ids_q, ids_kv), pos=(pos_q, pos_kv), lens=(lens_q, lens_kv), vis=vis,
-                sink=sink, bias=bias)
+    return dict(
+        q=q,
+        k=k,
+        v=v,
+        do=do,
+        ids=(ids_q, ids_kv),
+        pos=(pos_q, pos_kv),
+        lens=(lens_q, lens_kv),
+        vis=vis,
+        sink=sink,
+        bias=bias,
+    )
 
 
 def _visible(ids_q, ids_kv, pos_q, pos_kv, *, padding, causal, bottom_right, window):
@@ -153,7 +226,8 @@ def _visible(ids_q, ids_kv, pos_q, pos_kv, *, padding, causal, bottom_right, win
 
 
 def _oracle(x):
-    """Output and dQ/dK/dV of dense softmax attention (float32 JAX autodiff of a formula written here)."""
+    """Output and dQ/dK/dV of dense softmax attention (float32 JAX autodiff of a formula written
+    here)."""
     import jax
     import jax.numpy as jnp
 
@@ -180,15 +254,23 @@ def _oracle(x):
     def loss(q, k, v):
         out = attn(q, k, v)
         return jnp.sum(out * x["do"]), out
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x["q"], x["k"], x["v"])
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(
+        x["q"], x["k"], x["v"]
+    )
     return np.asarray(out), [np.asarray(g) for g in grads]
 
 
 def _shorten(message: str) -> str:
     text = str(message)
-    for marker in ("Unsupported backend:", "ValueError:", "AssertionError:", "NotImplementedError:"):
+    for marker in (
+        "Unsupported backend:",
+        "ValueError:",
+        "AssertionError:",
+        "NotImplementedError:",
+    ):
         if marker in text:
-            text = text[text.index(marker):]
+            text = text[text.index(marker) :]
             break
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     return line if len(line) <= 160 else line[:157] + "..."
@@ -196,7 +278,8 @@ def _shorten(message: str) -> str:
 
 @functools.cache
 def _reorders(strategy, stripe):
-    """TE's reorder and its inverse for ``CP`` ranks, jitted once per (strategy, stripe) for every cell.
+    """TE's reorder and its inverse for ``CP`` ranks, jitted once per (strategy, stripe) for every
+    cell.
 
     Called eagerly, each compiled a few ops per new shape; jitted inside each cell, each cell
     would compile them again.
@@ -204,8 +287,10 @@ def _reorders(strategy, stripe):
     import jax
     from transformer_engine.jax import attention as A
 
-    return (jax.jit(lambda a: A.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
-            jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)))
+    return (
+        jax.jit(lambda a: A.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
+        jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
+    )
 
 
 def compute_cell(row: dict, column: str) -> dict:
@@ -215,7 +300,8 @@ def compute_cell(row: dict, column: str) -> dict:
     te_on_cpu.install()
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     from transformer_engine.jax import attention as A
     from transformer_engine.jax import autocast
     from transformer_engine.jax.sharding import MeshResource
@@ -223,30 +309,49 @@ def compute_cell(row: dict, column: str) -> dict:
     strategy, stripe = COLUMNS[column]
     thd = row["layout"] == "THD"
     if strategy is not None and not thd and column == "allgather-stripe4":
-        return {"verdict": "n/a", "note": "BSHD load-balances with DualChunkSwap; stripe_size applies to THD only"}
+        return {
+            "verdict": "n/a",
+            "note": "BSHD load-balances with DualChunkSwap; stripe_size applies to THD only",
+        }
     x = _inputs(row)
     layout = A.QKVLayout.THD_THD_THD if thd else A.QKVLayout.BSHD_BSHD_BSHD
-    kw = dict(attn_bias_type=A.AttnBiasType.POST_SCALE_BIAS if row["bias"] else A.AttnBiasType.NO_BIAS,
-              attn_mask_type=A.AttnMaskType[row["mask"]], qkv_layout=layout,
-              softmax_type=A.AttnSoftmaxType[row["softmax"]], scaling_factor=SCALE,
-              dropout_probability=row["dropout"], is_training=True, max_segments_per_seq=5 if thd else 1,
-              window_size=row["window"])
-    offset = None if row["softmax"] != "LEARNABLE_SOFTMAX" else jnp.asarray(x["sink"]).reshape(1, -1, 1, 1)
+    kw = dict(
+        attn_bias_type=A.AttnBiasType.POST_SCALE_BIAS if row["bias"] else A.AttnBiasType.NO_BIAS,
+        attn_mask_type=A.AttnMaskType[row["mask"]],
+        qkv_layout=layout,
+        softmax_type=A.AttnSoftmaxType[row["softmax"]],
+        scaling_factor=SCALE,
+        dropout_probability=row["dropout"],
+        is_training=True,
+        max_segments_per_seq=5 if thd else 1,
+        window_size=row["window"],
+    )
+    offset = (
+        None
+        if row["softmax"] != "LEARNABLE_SOFTMAX"
+        else jnp.asarray(x["sink"]).reshape(1, -1, 1, 1)
+    )
     bias = None if x["bias"] is None else jnp.asarray(x["bias"], jnp.bfloat16)
     seed = jax.random.PRNGKey(0) if row["dropout"] else None
     q, k, v, do = (jnp.asarray(x[n], jnp.bfloat16) for n in ("q", "k", "v", "do"))
     ids, pos = (jnp.asarray(a) for a in x["ids"]), (jnp.asarray(a) for a in x["pos"])
     ids, pos = tuple(ids), tuple(pos)
+
     def make_run(call_kw):
         def run(q, k, v, do, ids_q, ids_kv, pos_q, pos_kv):
-            desc = (A.SequenceDescriptor.from_segment_ids_and_pos((ids_q, ids_kv), (pos_q, pos_kv)) if thd else
-                    A.SequenceDescriptor.from_seqlens(tuple(jnp.asarray(n) for n in x["lens"])))
+            desc = (
+                A.SequenceDescriptor.from_segment_ids_and_pos((ids_q, ids_kv), (pos_q, pos_kv))
+                if thd
+                else A.SequenceDescriptor.from_seqlens(tuple(jnp.asarray(n) for n in x["lens"]))
+            )
 
             def loss(q, k, v):
                 out = A.fused_attn((q, k, v), bias, desc, seed, softmax_offset=offset, **call_kw)
                 return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32)), out
+
             (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
             return out, grads
+
         return run
 
     try:
@@ -258,36 +363,51 @@ def compute_cell(row: dict, column: str) -> dict:
             reorder = A.ReorderStrategy.Striped if thd else A.ReorderStrategy.DualChunkSwap
             st = stripe if thd else None
             ro, back = _reorders(reorder, st)
-            cp_kw = dict(kw, context_parallel_strategy=A.CPStrategy[strategy],
-                         context_parallel_causal_load_balanced=True, context_parallel_axis="cp", stripe_size=st)
+            cp_kw = dict(
+                kw,
+                context_parallel_strategy=A.CPStrategy[strategy],
+                context_parallel_causal_load_balanced=True,
+                context_parallel_axis="cp",
+                stripe_size=st,
+            )
             with jax.set_mesh(mesh), autocast(mesh_resource=MeshResource(cp_resource="cp")):
                 args = [jax.device_put(ro(a), sharding) for a in (q, k, v, do, *ids, *pos)]
                 out, grads = jax.jit(make_run(cp_kw), in_shardings=(sharding,) * 8)(*args)
                 out, grads = back(out), tuple(back(g) for g in grads)
     except Exception as err:  # noqa: BLE001 - a refusal is a verdict
         message = _shorten(err)
-        from_standin = "stand-in" in message or "CPU kernel" in message or "Unsupported backend" in message
-        return {"verdict": "refused", "message": message, "rule": rule_for(message), "stand_in": from_standin}
+        from_standin = (
+            "stand-in" in message or "CPU kernel" in message or "Unsupported backend" in message
+        )
+        return {
+            "verdict": "refused",
+            "message": message,
+            "rule": rule_for(message),
+            "stand_in": from_standin,
+        }
     want_out, want_grads = _oracle(x)
     got = [np.asarray(out.astype(jnp.float32))] + [np.asarray(g.astype(jnp.float32)) for g in grads]
     want = [want_out] + want_grads
     ok, err = judge(got, want)
-    valid = (x["ids"][0] > 0)
+    valid = x["ids"][0] > 0
     empty_in_segment = bool(np.any(valid & ~x["vis"].any(-1)))
     cell = {"verdict": "right" if ok else "wrong", "max_error": err, "stand_in": empty_in_segment}
     if empty_in_segment:
-        cell["note"] = "some rows inside a segment see no key: their output is the stand-in's assumption"
+        cell["note"] = (
+            "some rows inside a segment see no key: their output is the stand-in's assumption"
+        )
     return cell
 
 
 def judge(got, want):
-    """``(within tolerance, max abs error)`` over output and gradients, as ``assert_allclose`` reads it."""
+    """``(within tolerance, max abs error)`` over output and gradients, as ``assert_allclose`` reads
+    it."""
     err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
     ok = all(bool(np.all(np.abs(g - w) <= TOL + TOL * np.abs(w))) for g, w in zip(got, want))
     return ok, err
 
 
-def counts(record: dict) -> Dict[str, Dict[str, int]]:
+def counts(record: dict) -> dict[str, dict[str, int]]:
     """Per column: how many cells are right / refused / wrong (n/a not counted)."""
     out = {c: {"right": 0, "refused": 0, "wrong": 0} for c in COLUMNS}
     for row in record["rows"]:
@@ -297,7 +417,9 @@ def counts(record: dict) -> Dict[str, Dict[str, int]]:
     return out
 
 
-def compute(rows: Optional[List[dict]] = None, columns: Optional[List[str]] = None, progress=None) -> dict:
+def compute(
+    rows: list[dict] | None = None, columns: list[str] | None = None, progress=None
+) -> dict:
     from importlib.metadata import version
 
     import jax
@@ -314,13 +436,29 @@ def compute(rows: Optional[List[dict]] = None, columns: Optional[List[str]] = No
         out_rows.append({**{k: row[k] for k in ("id", "label")}, "cells": cells})
     record = {
         "schema": SCHEMA,
-        "label": "What TE 2.20.2's fused_attn does per configuration (TE's JAX code, CPU reference kernel)",
-        "versions": {"transformer_engine": version("transformer-engine"), "jax": jax.__version__,
-                     "python": platform.python_version()},
-        "hardware": {"platform": "cpu", "device_count": jax.device_count(), "cp_size": CP,
-                     "backend": "TE-on-CPU: TE's JAX code with tutorial_utils.te_on_cpu's kernel"},
-        "config": {"seq_len": SEQ, "head_dim": D, "dtype": "bfloat16", "scaling_factor": SCALE, "tolerance": TOL,
-                   "compared": "output and dQ/dK/dV against a dense float32 formula"},
+        "label": (
+            "What TE 2.20.2's fused_attn does per configuration (TE's JAX code, CPU reference"
+            " kernel)"
+        ),
+        "versions": {
+            "transformer_engine": version("transformer-engine"),
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+        },
+        "hardware": {
+            "platform": "cpu",
+            "device_count": jax.device_count(),
+            "cp_size": CP,
+            "backend": "TE-on-CPU: TE's JAX code with tutorial_utils.te_on_cpu's kernel",
+        },
+        "config": {
+            "seq_len": SEQ,
+            "head_dim": D,
+            "dtype": "bfloat16",
+            "scaling_factor": SCALE,
+            "tolerance": TOL,
+            "compared": "output and dQ/dK/dV against a dense float32 formula",
+        },
         "columns": {c: COLUMN_LABELS[c] for c in columns},
         "rows": out_rows,
     }
@@ -330,14 +468,20 @@ def compute(rows: Optional[List[dict]] = None, columns: Optional[List[str]] = No
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON record")
-    parser.add_argument("--only", nargs="*", help="row ids to recompute in the stored record (default: all rows)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON record"
+    )
+    parser.add_argument(
+        "--only", nargs="*", help="row ids to recompute in the stored record (default: all rows)"
+    )
     args = parser.parse_args(argv)
     rows = ROWS if not args.only else [r for r in ROWS if r["id"] in args.only]
     if args.only and not rows:
         parser.error(f"--only: none of {args.only} is a row id; ids are {[r['id'] for r in ROWS]}")
     record = compute(rows, progress=lambda line: print(line, flush=True))
-    if args.only and args.out.is_file():  # recompute some rows of the stored record, keep the others
+    if (
+        args.only and args.out.is_file()
+    ):  # recompute some rows of the stored record, keep the others
         stored = json.loads(args.out.read_text(encoding="utf-8"))
         fresh = {r["id"]: r for r in record["rows"]}
         stored["rows"] = [fresh.get(r["id"], r) for r in stored["rows"]]
@@ -353,5 +497,7 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        ).strip()
     sys.exit(main())

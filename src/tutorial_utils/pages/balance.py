@@ -7,7 +7,7 @@ produce them. The counting itself is :func:`tutorial_utils.perfmodel.workcount.c
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from tutorial_utils.perfmodel.workcount import WorkCount, count_work
 __all__ = ["balance_scenarios", "balance_layouts", "count_layouts", "balance_table", "BalanceTable"]
 
 
-def balance_scenarios(workload, seed: int = 7) -> Dict[str, tuple]:
+def balance_scenarios(workload, seed: int = 7) -> dict[str, tuple]:
     """``{name: (segment_ids, segment_pos, window)}`` for three packings of the workload's rows.
 
     * ``one long document``: one causal document fills each row (the worst case for a
@@ -32,7 +32,9 @@ def balance_scenarios(workload, seed: int = 7) -> Dict[str, tuple]:
     one_ids, one_pos = fixed_slot_segments(1, s, 1, s)
     wl_ids, wl_pos = workload_segments(workload)
     align = max(s // 32, 1)
-    lengths = random_segment_lengths(np.random.default_rng(seed), 2, s, 6, align=align, min_len=align)
+    lengths = random_segment_lengths(
+        np.random.default_rng(seed), 2, s, 6, align=align, min_len=align
+    )
     rnd_ids, rnd_pos = pack_segments(lengths, s, align=align)
     return {
         "one long document": (one_ids, one_pos, (-1, 0)),
@@ -41,19 +43,25 @@ def balance_scenarios(workload, seed: int = 7) -> Dict[str, tuple]:
     }
 
 
-def balance_layouts(workload) -> Dict[str, Tuple[str, int]]:
+def balance_layouts(workload) -> dict[str, tuple[str, int]]:
     """``{label: (layout, stripe_size)}``: contiguous, striped with stripes 1, the workload's
     stripe and 4x it (those that divide the row into whole stripes per device), dual-chunk."""
     stripes = sorted({1, workload.stripe_size, 4 * workload.stripe_size})
     out = {"contiguous": ("contiguous", 1)}
-    out.update({f"striped {st}": ("striped", st) for st in stripes
-                if workload.seq_len % (workload.cp_size * st) == 0})
+    out.update(
+        {
+            f"striped {st}": ("striped", st)
+            for st in stripes
+            if workload.seq_len % (workload.cp_size * st) == 0
+        }
+    )
     out["dual-chunk"] = ("dual_chunk", 1)
     return out
 
 
-def count_layouts(workload, scenarios: Optional[Mapping[str, tuple]] = None, *,
-                  tile=(128, 128)) -> Dict[str, Dict[str, WorkCount]]:
+def count_layouts(
+    workload, scenarios: Mapping[str, tuple] | None = None, *, tile=(128, 128)
+) -> dict[str, dict[str, WorkCount]]:
     """``{scenario: {layout label: WorkCount}}`` on ``workload.cp_size`` devices.
 
     ``scenarios`` defaults to :func:`balance_scenarios`; the layouts are
@@ -61,26 +69,50 @@ def count_layouts(workload, scenarios: Optional[Mapping[str, tuple]] = None, *,
     """
     scenarios = balance_scenarios(workload) if scenarios is None else scenarios
     layouts = balance_layouts(workload)
-    return {name: {label: count_work(ids, pos, window, cp_size=workload.cp_size, layout=layout,
-                                     stripe_size=stripe, tile=tile)
-                   for label, (layout, stripe) in layouts.items()}
-            for name, (ids, pos, window) in scenarios.items()}
+    return {
+        name: {
+            label: count_work(
+                ids,
+                pos,
+                window,
+                cp_size=workload.cp_size,
+                layout=layout,
+                stripe_size=stripe,
+                tile=tile,
+            )
+            for label, (layout, stripe) in layouts.items()
+        }
+        for name, (ids, pos, window) in scenarios.items()
+    }
 
 
 class BalanceTable:
     """The balance and tile-efficiency figures of :func:`count_layouts`, as a Markdown table."""
 
-    HEADER = ("| packing | layout | AllGather: max/mean | Ring: lock-step/mean | "
-              "tile efficiency AG (model) | tile efficiency Ring (model) |\n|---|---|---|---|---|---|")
+    HEADER = (
+        "| packing | layout | AllGather: max/mean | Ring: lock-step/mean | "
+        "tile efficiency AG (model) | tile efficiency Ring (model) |\n|---|---|---|---|---|---|"
+    )
 
     def __init__(self, counts: Mapping[str, Mapping[str, WorkCount]]):
-        self.rows = [(scenario, label, wc.imbalance("allgather"), wc.imbalance("ring"),
-                      wc.tile_efficiency("allgather"), wc.tile_efficiency("ring"))
-                     for scenario, per_layout in counts.items() for label, wc in per_layout.items()]
+        self.rows = [
+            (
+                scenario,
+                label,
+                wc.imbalance("allgather"),
+                wc.imbalance("ring"),
+                wc.tile_efficiency("allgather"),
+                wc.tile_efficiency("ring"),
+            )
+            for scenario, per_layout in counts.items()
+            for label, wc in per_layout.items()
+        ]
 
     def markdown(self) -> str:
-        lines = [f"| {s} | {lab} | {ag:.2f} | {ring:.2f} | {tag:.2f} | {tring:.2f} |"
-                 for s, lab, ag, ring, tag, tring in self.rows]
+        lines = [
+            f"| {s} | {lab} | {ag:.2f} | {ring:.2f} | {tag:.2f} | {tring:.2f} |"
+            for s, lab, ag, ring, tag, tring in self.rows
+        ]
         return self.HEADER + "\n" + "\n".join(lines)
 
     def _repr_markdown_(self) -> str:
@@ -91,9 +123,13 @@ def balance_table(counts: Mapping[str, Mapping[str, WorkCount]]) -> BalanceTable
     """Per packing and layout: AllGather's slowest device / mean, Ring's sum of per-step
     slowest / mean (1.00 = perfect balance), and the tile efficiency of each (a model)."""
     if not counts or not all(counts.values()):
-        raise ValueError("counts must map each packing to {layout: WorkCount}; use count_layouts().")
+        raise ValueError(
+            "counts must map each packing to {layout: WorkCount}; use count_layouts()."
+        )
     for per_layout in counts.values():
         for label, wc in per_layout.items():
             if not isinstance(wc, WorkCount) or wc.tile is None:
-                raise ValueError(f"counts entry {label!r} needs tile counts: count_work(..., tile=(128, 128)).")
+                raise ValueError(
+                    f"counts entry {label!r} needs tile counts: count_work(..., tile=(128, 128))."
+                )
     return BalanceTable(counts)

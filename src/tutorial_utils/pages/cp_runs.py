@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tutorial_utils.cli.check import tolerance
 from tutorial_utils.pages.oracle_check import float32_errors, tolerance_table
@@ -54,16 +55,25 @@ def thd_attention(workload, *, is_training: bool = True):
     (``context_parallel_strategy``, ``context_parallel_causal_load_balanced``,
     ``context_parallel_axis``, ``stripe_size``) go to ``fused_attn`` unchanged.
     """
-    from tutorial_utils.te.attention import AttnBiasType, AttnMaskType, AttnSoftmaxType, QKVLayout, fused_attn
+    from tutorial_utils.te.attention import (
+        AttnBiasType,
+        AttnMaskType,
+        AttnSoftmaxType,
+        QKVLayout,
+        fused_attn,
+    )
 
     def attention(qkv, seq_desc, **cp_kwargs):
         return fused_attn(
-            qkv, None, seq_desc, None,
+            qkv,
+            None,
+            seq_desc,
+            None,
             attn_bias_type=AttnBiasType.NO_BIAS,
             attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
             qkv_layout=QKVLayout.THD_THD_THD,
             softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
-            scaling_factor=workload.head_dim ** -0.5,
+            scaling_factor=workload.head_dim**-0.5,
             dropout_probability=0.0,
             is_training=is_training,
             max_segments_per_seq=workload.max_segments_per_seq,
@@ -94,7 +104,7 @@ class ErrorTable:
     up to 1 is within TE's tolerance. Shown in a notebook as a Markdown table.
     """
 
-    rows: Tuple[Tuple[str, str, float, float], ...]
+    rows: tuple[tuple[str, str, float, float], ...]
     tolerance: float
     label: str = "strategy"
 
@@ -104,29 +114,38 @@ class ErrorTable:
         return max(ratio for *_, ratio in self.rows)
 
     @property
-    def max_errors(self) -> Dict[str, float]:
+    def max_errors(self) -> dict[str, float]:
         """The largest absolute error of each run, over its output and gradients."""
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
         for run, _, err, _ in self.rows:
             out[run] = max(out.get(run, 0.0), err)
         return out
 
-    def failures(self) -> List[str]:
+    def failures(self) -> list[str]:
         """``'run tensor'`` for every row beyond the tolerance."""
         return [f"{run} {tensor}" for run, tensor, _, ratio in self.rows if not ratio <= 1.0]
 
     def markdown(self) -> str:
-        head = (f"tolerance: rtol = atol = {self.tolerance:.3g}\n\n"
-                f"| {self.label} | tensor | max abs error | max error / allowed |\n|---|---|---|---|\n")
-        return head + "\n".join(f"| {run} | {tensor} | {err:.3e} | {ratio:.3f} |"
-                                for run, tensor, err, ratio in self.rows)
+        head = (
+            f"tolerance: rtol = atol = {self.tolerance:.3g}\n\n"
+            f"| {self.label} | tensor | max abs error | max error / allowed |\n|---|---|---|---|\n"
+        )
+        return head + "\n".join(
+            f"| {run} | {tensor} | {err:.3e} | {ratio:.3f} |"
+            for run, tensor, err, ratio in self.rows
+        )
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
 
 
-def error_table(runs: Mapping[str, Sequence], single: Sequence, *, tolerance: Optional[float] = None,
-                label: str = "strategy") -> ErrorTable:
+def error_table(
+    runs: Mapping[str, Sequence],
+    single: Sequence,
+    *,
+    tolerance: float | None = None,
+    label: str = "strategy",
+) -> ErrorTable:
     """Compare each run's ``(output, dQ, dK, dV)`` with the single-device ``single``.
 
     All arrays must be in the original token order (inverse-reordered). The tolerance is
@@ -140,7 +159,9 @@ def error_table(runs: Mapping[str, Sequence], single: Sequence, *, tolerance: Op
     rows = []
     for run, arrays in runs.items():
         if len(arrays) != len(TENSORS):
-            raise ValueError(f"runs[{run!r}] must be (output, dQ, dK, dV); got {len(arrays)} array(s).")
+            raise ValueError(
+                f"runs[{run!r}] must be (output, dQ, dK, dV); got {len(arrays)} array(s)."
+            )
         try:
             table = tolerance_table(dict(zip(TENSORS, zip(arrays, single))), tol)
         except ValueError as err:
@@ -151,7 +172,9 @@ def error_table(runs: Mapping[str, Sequence], single: Sequence, *, tolerance: Op
     return ErrorTable(tuple(rows), tol, label)
 
 
-def ulysses_step(workload, mesh, stripe_size: int, *, batch_axis: Optional[str] = None, axis_name: str = "cp"):
+def ulysses_step(
+    workload, mesh, stripe_size: int, *, batch_axis: str | None = None, axis_name: str = "cp"
+):
     """Compiled forward+backward of Ulysses, ``step(qkv, segment_ids, segment_pos, dout)``.
 
     Runs :func:`tutorial_utils.context_parallel.context_parallel_attention` with
@@ -165,17 +188,29 @@ def ulysses_step(workload, mesh, stripe_size: int, *, batch_axis: Optional[str] 
     tok = NamedSharding(mesh, P(batch_axis, axis_name))
 
     def loss(qkv, segment_ids, segment_pos, dout):
-        out = context_parallel_attention(*qkv, segment_ids, segment_pos, mesh=mesh, axis_name=axis_name,
-                                         strategy="ulysses", stripe_size=stripe_size, load_balanced=True,
-                                         window_size=workload.window, scaling_factor=workload.head_dim ** -0.5,
-                                         batch_axis=batch_axis)
+        out = context_parallel_attention(
+            *qkv,
+            segment_ids,
+            segment_pos,
+            mesh=mesh,
+            axis_name=axis_name,
+            strategy="ulysses",
+            stripe_size=stripe_size,
+            load_balanced=True,
+            window_size=workload.window,
+            scaling_factor=workload.head_dim**-0.5,
+            batch_axis=batch_axis,
+        )
         return jnp.vdot(out.astype(jnp.float32), dout.astype(jnp.float32)), out
 
-    return jax.jit(jax.value_and_grad(loss, has_aux=True), in_shardings=((x4, x4, x4), tok, tok, x4),
-                   out_shardings=((None, x4), (x4, x4, x4)))
+    return jax.jit(
+        jax.value_and_grad(loss, has_aux=True),
+        in_shardings=((x4, x4, x4), tok, tok, x4),
+        out_shardings=((None, x4), (x4, x4, x4)),
+    )
 
 
-def repo_root(start: Optional[Path] = None) -> Path:
+def repo_root(start: Path | None = None) -> Path:
     """The repository: the first folder with a ``pyproject.toml`` at or above ``start``.
 
     ``start`` defaults to the working directory (a notebook runs in ``notebooks/`` or the
@@ -189,10 +224,12 @@ def repo_root(start: Optional[Path] = None) -> Path:
         for folder in (here, *here.parents):
             if (folder / "pyproject.toml").is_file():
                 return folder
-    raise FileNotFoundError("no pyproject.toml above the working directory or the package; run inside the repository.")
+    raise FileNotFoundError(
+        "no pyproject.toml above the working directory or the package; run inside the repository."
+    )
 
 
-def records_dir(root: Optional[Path] = None) -> Path:
+def records_dir(root: Path | None = None) -> Path:
     """Where a chapter writes its live timing record (created if missing).
 
     ``$CP_TUTORIAL_RECORDS_DIR`` when set (a relative path counts from the repository
@@ -201,13 +238,18 @@ def records_dir(root: Optional[Path] = None) -> Path:
     """
     root = repo_root() if root is None else Path(root)
     env = os.environ.get("CP_TUTORIAL_RECORDS_DIR", "").strip()
-    folder = root / env if env else root / "_build" / "records"  # an absolute env path stays as it is
+    folder = (
+        root / env if env else root / "_build" / "records"
+    )  # an absolute env path stays as it is
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def timing_results(timings: Mapping[str, dict], stripes: Mapping[str, Optional[int]],
-                   max_errors: Optional[Mapping[str, float]] = None) -> List[dict]:
+def timing_results(
+    timings: Mapping[str, dict],
+    stripes: Mapping[str, int | None],
+    max_errors: Mapping[str, float] | None = None,
+) -> list[dict]:
     """``cp-bench/1`` result rows from :func:`~tutorial_utils.perfmodel.timing.time_fn` timings.
 
     ``timings`` must hold a ``'single'`` entry; ``stripes`` gives each other run's stripe
@@ -215,22 +257,39 @@ def timing_results(timings: Mapping[str, dict], stripes: Mapping[str, Optional[i
     :attr:`ErrorTable.max_errors`) adds each run's largest error against one device.
     """
     if "single" not in timings:
-        raise ValueError("timings needs a 'single' entry (the single-device run the speed-ups refer to).")
+        raise ValueError(
+            "timings needs a 'single' entry (the single-device run the speed-ups refer to)."
+        )
     base = timings["single"]["mean_ms"]
     rows = []
     for name, t in timings.items():
-        row = {"strategy": name, "stripe_size": None if name in ("single", "ulysses") else stripes[name],
-               "mean_ms": t["mean_ms"], "std_ms": t["std_ms"], "min_ms": t["min_ms"], "median_ms": t["median_ms"],
-               "speedup": base / t["mean_ms"], "first_call_ms": t["first_call_ms"]}
+        row = {
+            "strategy": name,
+            "stripe_size": None if name in ("single", "ulysses") else stripes[name],
+            "mean_ms": t["mean_ms"],
+            "std_ms": t["std_ms"],
+            "min_ms": t["min_ms"],
+            "median_ms": t["median_ms"],
+            "speedup": base / t["mean_ms"],
+            "first_call_ms": t["first_call_ms"],
+        }
         if max_errors is not None and name in max_errors:
             row["max_abs_err"] = float(max_errors[name])
         rows.append(row)
     return rows
 
 
-def save_timing_record(workload, results: Sequence[dict], *, warmup: int, iters: int, chapter="5b",
-                       directory: Optional[Path] = None) -> Path:
-    """Write chapter timings as a ``cp-bench/1`` record saying where they came from; return its path.
+def save_timing_record(
+    workload,
+    results: Sequence[dict],
+    *,
+    warmup: int,
+    iters: int,
+    chapter="5b",
+    directory: Path | None = None,
+) -> Path:
+    """Write chapter timings as a ``cp-bench/1`` record saying where they came from; return its
+    path.
 
     ``chapter`` is the chapter's number, e.g. ``5`` or ``"5b"`` (the file is named ``ch05b-...``).
     The path is relative to the repository root when it lies inside it.
@@ -239,26 +298,39 @@ def save_timing_record(workload, results: Sequence[dict], *, warmup: int, iters:
     digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
     if not digits.isdigit():
         raise ValueError(f"chapter={chapter!r} must be a chapter number such as 5 or '5b'.")
-    tag = f"ch{int(digits):02d}{number[len(digits):]}"
+    tag = f"ch{int(digits):02d}{number[len(digits) :]}"
     from tutorial_utils import te
     from tutorial_utils.perfmodel.records import source_for, write_record
     from tutorial_utils.perfmodel.timing import make_record
 
     source = source_for(jax.default_backend(), te.backend_kind())
-    notes = ("Ulysses runs the pure-JAX reference implementation on every backend (TE has no Ulysses strategy); "
-             "its inputs use the AllGather stripe layout.")
+    notes = (
+        "Ulysses runs the pure-JAX reference implementation on every backend (TE has no Ulysses"
+        " strategy); its inputs use the AllGather stripe layout."
+    )
     if not te.using_real_te():
-        notes += " CPU timings on simulated devices (CPU reference kernel); they say nothing about GPUs."
-    record = make_record(f"Chapter {chapter} forward+backward, {workload.name} preset, "
-                         f"{te.backend_name()}", source, workload.as_dict(), results, warmup=warmup, iters=iters,
-                         notes=notes)
+        notes += (
+            " CPU timings on simulated devices (CPU reference kernel); they say nothing about GPUs."
+        )
+    record = make_record(
+        f"Chapter {chapter} forward+backward, {workload.name} preset, {te.backend_name()}",
+        source,
+        workload.as_dict(),
+        results,
+        warmup=warmup,
+        iters=iters,
+        notes=notes,
+    )
     root = repo_root()
-    path = write_record(record, directory=records_dir(root) if directory is None else directory,
-                        name=f"{tag}-{workload.name}-{source}").resolve()
+    path = write_record(
+        record,
+        directory=records_dir(root) if directory is None else directory,
+        name=f"{tag}-{workload.name}-{source}",
+    ).resolve()
     return path.relative_to(root) if path.is_relative_to(root) else path
 
 
-def published_results(directory: Optional[Path] = None, gpu: str = "GB200") -> Optional[List[dict]]:
+def published_results(directory: Path | None = None, gpu: str = "GB200") -> list[dict] | None:
     """The result rows of TE's published record for ``gpu`` in ``results/``, or ``None``.
 
     Invalid records are skipped (the Benchmarks page reports them).

@@ -18,12 +18,19 @@ reader would type.
 from __future__ import annotations
 
 import textwrap
-from typing import Dict, Tuple
 
 import numpy as np
 
-__all__ = ["DESCRIPTOR_FIELDS", "descriptor_fields", "named_axes", "preset_table", "token_ranges", "shard_table", "local_rows",
-           "wrapped"]
+__all__ = [
+    "DESCRIPTOR_FIELDS",
+    "descriptor_fields",
+    "named_axes",
+    "preset_table",
+    "token_ranges",
+    "shard_table",
+    "local_rows",
+    "wrapped",
+]
 
 #: The attributes of TE's ``SequenceDescriptor``; each holds a ``(q, kv)`` pair of arrays.
 DESCRIPTOR_FIELDS = ("seqlens", "seq_offsets", "segment_ids", "segment_pos")
@@ -47,8 +54,11 @@ def descriptor_fields(descriptor) -> str:
     for field in DESCRIPTOR_FIELDS:
         pair = getattr(descriptor, field, None)
         if not isinstance(pair, tuple) or len(pair) != 2:
-            raise ValueError(f"descriptor.{field} is {type(pair).__name__}, not a (q, kv) pair; pass a "
-                             "SequenceDescriptor (from tutorial_utils.te.attention or transformer_engine.jax.attention).")
+            raise ValueError(
+                f"descriptor.{field} is {type(pair).__name__}, not a (q, kv) pair; pass a"
+                " SequenceDescriptor (from tutorial_utils.te.attention or"
+                " transformer_engine.jax.attention)."
+            )
         q, kv = pair
         if q.size == 0 and kv.size == 0:
             lines.append(f"{field:12s} empty")
@@ -60,7 +70,7 @@ def descriptor_fields(descriptor) -> str:
     return "\n".join(lines)
 
 
-def named_axes(mesh_resource) -> Dict[str, str]:
+def named_axes(mesh_resource) -> dict[str, str]:
     """``{field: axis name}`` for the fields of a ``MeshResource`` that name a mesh axis.
 
     Why: a ``MeshResource`` prints all seven of its fields, six of them ``None``; the one
@@ -70,9 +80,14 @@ def named_axes(mesh_resource) -> Dict[str, str]:
     import dataclasses
 
     if not dataclasses.is_dataclass(mesh_resource) or isinstance(mesh_resource, type):
-        raise ValueError(f"named_axes needs a MeshResource instance, got {type(mesh_resource).__name__}.")
-    return {f.name: getattr(mesh_resource, f.name) for f in dataclasses.fields(mesh_resource)
-            if getattr(mesh_resource, f.name) is not None}
+        raise ValueError(
+            f"named_axes needs a MeshResource instance, got {type(mesh_resource).__name__}."
+        )
+    return {
+        f.name: getattr(mesh_resource, f.name)
+        for f in dataclasses.fields(mesh_resource)
+        if getattr(mesh_resource, f.name) is not None
+    }
 
 
 def preset_table(*names: str) -> str:
@@ -85,19 +100,41 @@ def preset_table(*names: str) -> str:
     from tutorial_utils.perfmodel.workload import get_workload
 
     if not names:
-        raise ValueError("preset_table() needs at least one preset name, e.g. preset_table('seed', 'cpu').")
-    head = ("preset", "batch", "seq_len", "slots", "tokens/slot", "heads q/kv", "head_dim", "window", "dtype")
+        raise ValueError(
+            "preset_table() needs at least one preset name, e.g. preset_table('seed', 'cpu')."
+        )
+    head = (
+        "preset",
+        "batch",
+        "seq_len",
+        "slots",
+        "tokens/slot",
+        "heads q/kv",
+        "head_dim",
+        "window",
+        "dtype",
+    )
     rows = [head]
     for name in names:
         p = get_workload(name)
-        rows.append((p.name, str(p.batch), str(p.seq_len), str(p.segments_per_row),
-                     f"{p.valid_per_slot}/{p.slot_len}", f"{p.num_q_heads}/{p.num_kv_heads}", str(p.head_dim),
-                     str(tuple(p.window)), p.dtype))
+        rows.append(
+            (
+                p.name,
+                str(p.batch),
+                str(p.seq_len),
+                str(p.segments_per_row),
+                f"{p.valid_per_slot}/{p.slot_len}",
+                f"{p.num_q_heads}/{p.num_kv_heads}",
+                str(p.head_dim),
+                str(tuple(p.window)),
+                p.dtype,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def token_ranges(array, axis: int = 1) -> Dict[int, Tuple[int, int]]:
+def token_ranges(array, axis: int = 1) -> dict[int, tuple[int, int]]:
     """``{device id: (start, stop)}``: the indices along ``axis`` each device holds.
 
     Why: under context parallelism, token ``t``'s data and its metadata must sit on the
@@ -106,7 +143,9 @@ def token_ranges(array, axis: int = 1) -> Dict[int, Tuple[int, int]]:
     """
     shards = getattr(array, "addressable_shards", None)
     if shards is None:
-        raise ValueError(f"token_ranges needs a jax.Array placed on devices, got {type(array).__name__}.")
+        raise ValueError(
+            f"token_ranges needs a jax.Array placed on devices, got {type(array).__name__}."
+        )
     if not -array.ndim <= axis < array.ndim:
         raise ValueError(f"axis={axis} is out of range for an array of shape {array.shape}.")
     n = array.shape[axis]
@@ -125,14 +164,19 @@ def shard_table(axis: int = 1, **arrays) -> str:
     ``shard_table(q=q, segment_ids=ids)``.
     """
     if not arrays:
-        raise ValueError("shard_table() needs at least one array, passed by name: shard_table(q=q).")
+        raise ValueError(
+            "shard_table() needs at least one array, passed by name: shard_table(q=q)."
+        )
     ranges = {name: token_ranges(x, axis) for name, x in arrays.items()}
     devices = sorted(set().union(*ranges.values()))
     cols = [["device", *map(str, devices)]]
     for name, r in ranges.items():
         cols.append([name, *(f"{r[d][0]}:{r[d][1]}" if d in r else "-" for d in devices)])
     widths = [max(map(len, c)) for c in cols]
-    return "\n".join("  ".join(c[i].ljust(w) for c, w in zip(cols, widths)).rstrip() for i in range(len(devices) + 1))
+    return "\n".join(
+        "  ".join(c[i].ljust(w) for c, w in zip(cols, widths)).rstrip()
+        for i in range(len(devices) + 1)
+    )
 
 
 def local_rows(row: int = 0, **arrays) -> str:
@@ -163,5 +207,6 @@ def local_rows(row: int = 0, **arrays) -> str:
 
 
 def wrapped(text: str, width: int = 76, indent: str = "    ") -> str:
-    """``text`` folded to ``width`` columns, continuation lines indented (error messages on a page)."""
+    """``text`` folded to ``width`` columns, continuation lines indented (error messages on a
+    page)."""
     return textwrap.fill(str(text), width, subsequent_indent=indent)

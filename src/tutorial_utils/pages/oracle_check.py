@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Mapping, Tuple
+from collections.abc import Mapping
 
 __all__ = ["MAX_SCORES", "oracle_workload", "ToleranceTable", "tolerance_table", "float32_errors"]
 
 #: The largest ``batch * heads * seq * seq`` score tensor the oracle builds (2**31 fp32 = 8 GiB).
-MAX_SCORES = 2 ** 31
+MAX_SCORES = 2**31
 
 
 def oracle_workload(workload, max_scores: int = MAX_SCORES):
@@ -35,7 +35,7 @@ def oracle_workload(workload, max_scores: int = MAX_SCORES):
     """
     if not isinstance(max_scores, int) or max_scores < 1:
         raise ValueError(f"max_scores={max_scores!r} must be a positive int.")
-    if workload.batch * workload.num_q_heads * workload.seq_len ** 2 <= max_scores:
+    if workload.batch * workload.num_q_heads * workload.seq_len**2 <= max_scores:
         return workload
     from tutorial_utils.perfmodel.workload import get_workload
 
@@ -50,7 +50,7 @@ class ToleranceTable:
     passes when it is at most 1 for every tensor (and every value is finite).
     """
 
-    rows: Tuple[Tuple[str, float, float], ...]
+    rows: tuple[tuple[str, float, float], ...]
     tolerance: float
 
     @property
@@ -63,8 +63,10 @@ class ToleranceTable:
 
     def __str__(self) -> str:
         width = max(len(name) for name, _, _ in self.rows)
-        return "\n".join(f"{name:{width}s}  max |error| = {err:.3e}   max error/allowed = {ratio:.3f}"
-                         for name, err, ratio in self.rows)
+        return "\n".join(
+            f"{name:{width}s}  max |error| = {err:.3e}   max error/allowed = {ratio:.3f}"
+            for name, err, ratio in self.rows
+        )
 
 
 @functools.cache
@@ -107,7 +109,9 @@ def tolerance_table(pairs: Mapping[str, tuple], tol: float) -> ToleranceTable:
             raise ValueError(f"pairs[{name!r}] must be a (got, ref) pair.")
         got, ref = pair
         if tuple(got.shape) != tuple(ref.shape):
-            raise ValueError(f"pairs[{name!r}]: got has shape {tuple(got.shape)}, ref {tuple(ref.shape)}.")
+            raise ValueError(
+                f"pairs[{name!r}]: got has shape {tuple(got.shape)}, ref {tuple(ref.shape)}."
+            )
         # on the devices: nothing as large as the seed workload's gradients is copied to the host
         worst, ratio = float32_errors()(jnp.asarray(got), jnp.asarray(ref), jnp.float32(tol))
         rows.append((name, float(worst), float(ratio)))

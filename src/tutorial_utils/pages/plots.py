@@ -17,7 +17,7 @@ Colour conventions used throughout: light grey is padding (segment id 0), ranks 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -113,12 +113,16 @@ def annotate_heatmap(ax, image, values=None, *, fmt="{:.2f}", fontsize: float = 
     data = np.asarray(image.get_array(), dtype=np.float64)
     vals = data if values is None else np.asarray(values)
     if vals.shape != data.shape or vals.ndim != 2:
-        raise ValueError(f"values has shape {vals.shape}; expected the image's [rows, cols] shape {data.shape}.")
+        raise ValueError(
+            f"values has shape {vals.shape}; expected the image's [rows, cols] shape {data.shape}."
+        )
     fmt_fn = fmt if callable(fmt) else fmt.format
     texts = []
     for (i, j), v in np.ndenumerate(vals):
         color = text_color_for(image.cmap(image.norm(data[i, j])))
-        texts.append(ax.text(j, i, fmt_fn(v), ha="center", va="center", fontsize=fontsize, color=color))
+        texts.append(
+            ax.text(j, i, fmt_fn(v), ha="center", va="center", fontsize=fontsize, color=color)
+        )
     return texts
 
 
@@ -143,19 +147,30 @@ def _int_rows(name: str, value) -> np.ndarray:
     if arr.ndim == 1:
         arr = arr[None]
     if arr.ndim != 2 or arr.shape[1] == 0:
-        raise ValueError(f"{name} must be a non-empty [seq] or [batch, seq] array, got shape {np.shape(value)}.")
+        raise ValueError(
+            f"{name} must be a non-empty [seq] or [batch, seq] array, got shape {np.shape(value)}."
+        )
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}; convert with np.asarray(x, np.int32).")
+        raise ValueError(
+            f"{name} must hold integers, got dtype {arr.dtype}; convert with np.asarray(x,"
+            " np.int32)."
+        )
     return arr
 
 
-def _ids_pos_row(segment_ids, segment_pos, row) -> Tuple[np.ndarray, np.ndarray]:
+def _ids_pos_row(segment_ids, segment_pos, row) -> tuple[np.ndarray, np.ndarray]:
     ids = _int_rows("segment_ids", segment_ids)
     pos = _int_rows("segment_pos", segment_pos)
     if pos.shape != ids.shape:
-        raise ValueError(f"segment_pos has shape {pos.shape} but segment_ids has shape {ids.shape}; pass one position per token.")
+        raise ValueError(
+            f"segment_pos has shape {pos.shape} but segment_ids has shape {ids.shape}; pass one"
+            " position per token."
+        )
     if (ids < 0).any():
-        raise ValueError(f"segment_ids has a negative id {int(ids.min())}; use 0 for padding and 1..N for segments.")
+        raise ValueError(
+            f"segment_ids has a negative id {int(ids.min())}; use 0 for padding and 1..N for"
+            " segments."
+        )
     r = _nonnegative_int("row", row)
     if r >= ids.shape[0]:
         raise ValueError(f"row={row} is out of range for a batch of {ids.shape[0]} row(s).")
@@ -172,8 +187,14 @@ def _padding_spans(ids_row: np.ndarray):
 def _shade_padding(ax, ids_row, label=True):
     first = True
     for start, stop in _padding_spans(ids_row):
-        ax.axvspan(start - 0.5, stop - 0.5, color=PAD_COLOR, alpha=0.6, lw=0,
-                   label="padding (id 0)" if (label and first) else None)
+        ax.axvspan(
+            start - 0.5,
+            stop - 0.5,
+            color=PAD_COLOR,
+            alpha=0.6,
+            lw=0,
+            label="padding (id 0)" if (label and first) else None,
+        )
         first = False
 
 
@@ -181,7 +202,7 @@ def _shade_padding(ax, ids_row, label=True):
 # chapter 1: packed inputs, masks, GQA
 
 
-def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Optional[str] = None):
+def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: str | None = None):
     """Segment ids (top) and positions (bottom) of one batch row along the packed sequence.
 
     Why: a THD row is only meaningful together with its two per-token arrays; seeing
@@ -194,24 +215,50 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Opt
     s = ids.size
     n_seg = int(ids.max())
     cmap, norm = _segment_cmap(n_seg)
-    fig, (ax_id, ax_pos) = plt.subplots(2, 1, figsize=(9, 3.6), sharex=True,
-                                        gridspec_kw={"height_ratios": [1, 2.2]}, constrained_layout=True)
-    ax_id.imshow(ids[None, :], aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
-                 extent=(-0.5, s - 0.5, 0, 1))
+    fig, (ax_id, ax_pos) = plt.subplots(
+        2,
+        1,
+        figsize=(9, 3.6),
+        sharex=True,
+        gridspec_kw={"height_ratios": [1, 2.2]},
+        constrained_layout=True,
+    )
+    ax_id.imshow(
+        ids[None, :],
+        aspect="auto",
+        cmap=cmap,
+        norm=norm,
+        interpolation="nearest",
+        extent=(-0.5, s - 0.5, 0, 1),
+    )
     ax_id.set_yticks([])
     ax_id.set_ylabel("id", rotation=0, ha="right", va="center")
     for sid in range(1, n_seg + 1):
         where = np.nonzero(ids == sid)[0]
         if where.size:
-            ax_id.text((where[0] + where[-1]) / 2, 0.5, f"segment {sid}", ha="center", va="center", fontsize=9)
+            ax_id.text(
+                (where[0] + where[-1]) / 2,
+                0.5,
+                f"segment {sid}",
+                ha="center",
+                va="center",
+                fontsize=9,
+            )
     x = np.arange(s)
     for sid in range(0, n_seg + 1):
         y = np.where(ids == sid, pos, np.nan).astype(float)
         if np.isnan(y).all():
             continue
         color = PAD_COLOR if sid == 0 else segment_colors(n_seg)[sid]
-        ax_pos.plot(x, y, drawstyle="steps-mid", color=color if sid else "0.55", lw=1.6 if sid else 1.0,
-                    ls="-" if sid else ":", label="padding (id 0)" if sid == 0 else f"segment {sid}")
+        ax_pos.plot(
+            x,
+            y,
+            drawstyle="steps-mid",
+            color=color if sid else "0.55",
+            lw=1.6 if sid else 1.0,
+            ls="-" if sid else ":",
+            label="padding (id 0)" if sid == 0 else f"segment {sid}",
+        )
     ax_pos.set_xlabel("token index in the packed row")
     ax_pos.set_ylabel("segment_pos")
     ax_pos.set_xlim(-0.5, s - 0.5)
@@ -220,7 +267,9 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: Opt
     return fig
 
 
-def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 0, title: Optional[str] = None):
+def plot_attention_mask(
+    segment_ids, segment_pos, *, window=(-1, 0), row: int = 0, title: str | None = None
+):
     """The THD + ``PADDING_CAUSAL_MASK`` attention mask of one row, built up rule by rule.
 
     Four panels in a 2x2 grid over (query token, key token): same non-padding segment;
@@ -235,14 +284,24 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
     ids, pos = _ids_pos_row(segment_ids, segment_pos, row)
     s = ids.size
     if s > _MAX_MASK_TOKENS:
-        raise ValueError(f"segment_ids has {s} tokens per row; a mask picture needs <= {_MAX_MASK_TOKENS}. "
-                         "Slice a window of tokens (e.g. ids[:, :512]) first.")
+        raise ValueError(
+            f"segment_ids has {s} tokens per row; a mask picture needs <= {_MAX_MASK_TOKENS}. "
+            "Slice a window of tokens (e.g. ids[:, :512]) first."
+        )
     iq, ik = ids[None, :], ids[None, :]
     pq, pk = pos[None, :], pos[None, :]
-    same = np.asarray(visibility(iq, ik, pq, pk, MaskSpec(padding=True, causal=False, window=(-1, -1))))[0]
-    causal = np.asarray(visibility(iq, ik, pq, pk, MaskSpec(padding=False, causal=True, window=(-1, -1))))[0]
-    win = np.asarray(visibility(iq, ik, pq, pk, MaskSpec(padding=False, causal=False, window=(left, -1))))[0]
-    vis = np.asarray(visibility(iq, ik, pq, pk, MaskSpec(padding=True, causal=True, window=(left, right))))[0]
+    same = np.asarray(
+        visibility(iq, ik, pq, pk, MaskSpec(padding=True, causal=False, window=(-1, -1)))
+    )[0]
+    causal = np.asarray(
+        visibility(iq, ik, pq, pk, MaskSpec(padding=False, causal=True, window=(-1, -1)))
+    )[0]
+    win = np.asarray(
+        visibility(iq, ik, pq, pk, MaskSpec(padding=False, causal=False, window=(left, -1)))
+    )[0]
+    vis = np.asarray(
+        visibility(iq, ik, pq, pk, MaskSpec(padding=True, causal=True, window=(left, right)))
+    )[0]
 
     plt = _plt()
     n_seg = int(ids.max())
@@ -261,19 +320,27 @@ def plot_attention_mask(segment_ids, segment_pos, *, window=(-1, 0), row: int = 
         ax.imshow(m.astype(float), cmap=rule_cmap, vmin=0, vmax=1.6, interpolation="nearest")
         ax.set_title(name, fontsize=11)
     colored = np.where(vis, ids[:, None], 0)
-    # masked (invisible) pairs are left white; the image data is the visibility matrix coloured by segment
-    axes[3].imshow(np.ma.masked_array(colored, mask=~vis), cmap=cmap, norm=norm, interpolation="nearest")
+    # masked (invisible) pairs are left white; the image data is the visibility matrix coloured by
+    # segment
+    axes[3].imshow(
+        np.ma.masked_array(colored, mask=~vis), cmap=cmap, norm=norm, interpolation="nearest"
+    )
     axes[3].set_title(f"visible = all three ({int(vis.sum())} pairs)", fontsize=11)
     for ax in axes:
         ax.set_xlabel("key token", fontsize=10)
         ax.set_ylabel("query token", fontsize=10)
         ax.tick_params(labelsize=9)
-    fig.suptitle(title or f"Attention mask of batch row {row}\n(THD, PADDING_CAUSAL_MASK, window={(left, right)})",
-                 fontsize=12)
+    fig.suptitle(
+        title
+        or f"Attention mask of batch row {row}\n(THD, PADDING_CAUSAL_MASK, window={(left, right)})",
+        fontsize=12,
+    )
     return fig
 
 
-def plot_batch_and_window(segment_ids, segment_pos, *, window, row: int = 0, title: Optional[str] = None):
+def plot_batch_and_window(
+    segment_ids, segment_pos, *, window, row: int = 0, title: str | None = None
+):
     """A packed batch's segment ids (left) and what the window lets one row attend to (right).
 
     Why: a check on a packed batch means little if every row is one layout and the window
@@ -289,22 +356,31 @@ def plot_batch_and_window(segment_ids, segment_pos, *, window, row: int = 0, tit
     ids_row, pos_row = _ids_pos_row(segment_ids, segment_pos, row)
     s = ids.shape[1]
     if s > _MAX_MASK_TOKENS:
-        raise ValueError(f"segment_ids has {s} tokens per row; a mask picture needs <= {_MAX_MASK_TOKENS}. "
-                         "Slice a window of tokens (e.g. ids[:, :512]) first.")
+        raise ValueError(
+            f"segment_ids has {s} tokens per row; a mask picture needs <= {_MAX_MASK_TOKENS}. "
+            "Slice a window of tokens (e.g. ids[:, :512]) first."
+        )
     i, p = ids_row[None, :], pos_row[None, :]
-    vis = np.asarray(visibility(i, i, p, p, MaskSpec(padding=True, causal=True, window=(left, right))))[0]
+    vis = np.asarray(
+        visibility(i, i, p, p, MaskSpec(padding=True, causal=True, window=(left, right)))
+    )[0]
     plt = _plt()
     n_seg = int(ids.max())
     cmap, norm = _segment_cmap(n_seg)
-    fig, (ax_ids, ax_vis) = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True,
-                                         gridspec_kw={"width_ratios": [1.35, 1]})
+    fig, (ax_ids, ax_vis) = plt.subplots(
+        1, 2, figsize=(9, 3.6), constrained_layout=True, gridspec_kw={"width_ratios": [1.35, 1]}
+    )
     ax_ids.imshow(ids, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
     ax_ids.set_yticks(range(ids.shape[0]))
     ax_ids.set(xlabel="token", ylabel="row")
     pad = float(np.mean(ids == 0))
     ax_ids.set_title(f"segment ids ({pad:.0%} padding, grey)", fontsize=10)
-    ax_vis.imshow(np.ma.masked_array(np.where(vis, ids_row[:, None], 0), mask=~vis), cmap=cmap, norm=norm,
-                  interpolation="nearest")
+    ax_vis.imshow(
+        np.ma.masked_array(np.where(vis, ids_row[:, None], 0), mask=~vis),
+        cmap=cmap,
+        norm=norm,
+        interpolation="nearest",
+    )
     ax_vis.set(xlabel="key token", ylabel="query token")
     ax_vis.set_title(f"row {row}: visible keys, window={(left, right)}", fontsize=10)
     for ax in (ax_ids, ax_vis):
@@ -316,7 +392,7 @@ def plot_batch_and_window(segment_ids, segment_pos, *, window, row: int = 0, tit
     return fig
 
 
-def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str] = None):
+def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: str | None = None):
     """Which KV head each query head reads under GQA: query head ``h`` -> KV head ``h // (Hq/Hkv)``.
 
     One line per query head (``ax.lines``), from its box in the top row to its KV head's
@@ -328,8 +404,10 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str
     hkv = _positive_int("num_kv_heads", num_kv_heads)
     group = check_gqa_heads(hq, hkv, name="num_kv_heads")
     if hq > 64:
-        raise ValueError(f"num_q_heads={hq} is too many heads to draw legibly; pass at most 64 (the mapping is the same "
-                         "pattern repeated).")
+        raise ValueError(
+            f"num_q_heads={hq} is too many heads to draw legibly; pass at most 64 (the mapping is"
+            " the same pattern repeated)."
+        )
     plt = _plt()
     from matplotlib.patches import Rectangle
 
@@ -340,17 +418,25 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str
     for h in range(hq):
         g = h // group
         ax.plot([xq[h], xkv[g]], [1.0, 0.0], color=colors[g], lw=1.4)
-        ax.add_patch(Rectangle((xq[h] - 0.4, 1.0), 0.8, 0.35, facecolor=colors[g], edgecolor="k", lw=0.6))
+        ax.add_patch(
+            Rectangle((xq[h] - 0.4, 1.0), 0.8, 0.35, facecolor=colors[g], edgecolor="k", lw=0.6)
+        )
         ax.text(xq[h], 1.175, f"q{h}", ha="center", va="center", fontsize=9)
     for g in range(hkv):
         w = 0.8 + 0.6 * (group - 1) / max(group, 1)
-        ax.add_patch(Rectangle((xkv[g] - w / 2, -0.35), w, 0.35, facecolor=colors[g], edgecolor="k", lw=0.8))
+        ax.add_patch(
+            Rectangle((xkv[g] - w / 2, -0.35), w, 0.35, facecolor=colors[g], edgecolor="k", lw=0.8)
+        )
         ax.text(xkv[g], -0.175, f"kv{g}", ha="center", va="center", fontsize=9)
     ax.set_xlim(-1, hq)
     ax.set_ylim(-0.5, 1.5)
     ax.axis("off")
-    ax.set_title(title or f"GQA: {hq} query heads share {hkv} KV heads (group size {group}: head h reads KV head h // {group})",
-                 fontsize=9)
+    ax.set_title(
+        title
+        or f"GQA: {hq} query heads share {hkv} KV heads "
+        f"(group size {group}: head h reads KV head h // {group})",
+        fontsize=9,
+    )
     return fig
 
 
@@ -358,25 +444,36 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: Optional[str
 # chapters 2 and 4: who owns which token
 
 
-def _layout_spec(item) -> Tuple[str, int, str]:
+def _layout_spec(item) -> tuple[str, int, str]:
     if isinstance(item, str):
         layout, stripe = item, 1
     elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
         layout, stripe = item[0], item[1]
     else:
-        raise ValueError(f"layouts entries must be a layout name or a (layout, stripe_size) pair such as ('striped', 16); "
-                         f"got {item!r}.")
+        raise ValueError(
+            "layouts entries must be a layout name or a (layout, stripe_size) pair such as"
+            f" ('striped', 16); got {item!r}."
+        )
     from tutorial_utils.perfmodel.workcount import LAYOUTS
 
     if layout not in LAYOUTS:
         raise ValueError(f"layouts entry {item!r}: layout must be one of {LAYOUTS}.")
     stripe = _positive_int("stripe_size", stripe)
-    label = {"contiguous": "contiguous (no reorder)", "dual_chunk": "dual-chunk swap"}.get(layout, f"striped, stripe {stripe}")
+    label = {"contiguous": "contiguous (no reorder)", "dual_chunk": "dual-chunk swap"}.get(
+        layout, f"striped, stripe {stripe}"
+    )
     return layout, stripe, label
 
 
-def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("contiguous",), *, segment_ids=None,
-                         annotate: Optional[bool] = None, title: Optional[str] = None):
+def plot_token_ownership(
+    seq_len: int,
+    cp_size: int,
+    layouts: Sequence = ("contiguous",),
+    *,
+    segment_ids=None,
+    annotate: bool | None = None,
+    title: str | None = None,
+):
     """Which rank holds each token of a row, for one or more layouts (one image row per layout).
 
     ``layouts``: names (``'contiguous'``, ``'striped'``, ``'dual_chunk'``) or
@@ -394,11 +491,16 @@ def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("conti
 
     s = _positive_int("seq_len", seq_len)
     cp = _positive_int("cp_size", cp_size)
-    if isinstance(layouts, (str, tuple)) and (isinstance(layouts, str) or (len(layouts) == 2 and isinstance(layouts[1], (int, np.integer)))):
+    if isinstance(layouts, (str, tuple)) and (
+        isinstance(layouts, str)
+        or (len(layouts) == 2 and isinstance(layouts[1], (int, np.integer)))
+    ):
         layouts = [layouts]
     layouts = list(layouts)
     if not layouts:
-        raise ValueError("layouts is empty; pass at least one layout, e.g. ['contiguous', ('striped', 1)].")
+        raise ValueError(
+            "layouts is empty; pass at least one layout, e.g. ['contiguous', ('striped', 1)]."
+        )
     specs = [_layout_spec(item) for item in layouts]
     owners = np.empty((len(specs), s), np.int64)
     for i, (layout, stripe, _) in enumerate(specs):
@@ -407,9 +509,15 @@ def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("conti
     ids_row = None
     if segment_ids is not None:
         ids_row = np.asarray(segment_ids)
-        if ids_row.ndim != 1 or ids_row.shape[0] != s or not np.issubdtype(ids_row.dtype, np.integer):
-            raise ValueError(f"segment_ids must be one integer row of length seq_len={s}, got shape {ids_row.shape} "
-                             f"and dtype {ids_row.dtype}; pass ids[0].")
+        if (
+            ids_row.ndim != 1
+            or ids_row.shape[0] != s
+            or not np.issubdtype(ids_row.dtype, np.integer)
+        ):
+            raise ValueError(
+                f"segment_ids must be one integer row of length seq_len={s}, got shape"
+                f" {ids_row.shape} and dtype {ids_row.dtype}; pass ids[0]."
+            )
     if annotate is None:
         annotate = s <= 64
 
@@ -418,35 +526,63 @@ def plot_token_ownership(seq_len: int, cp_size: int, layouts: Sequence = ("conti
         fig, ax0 = plt.subplots(figsize=(9, 0.55 * len(specs) + 1.3), constrained_layout=True)
         ax_ids = None
     else:
-        fig, (ax0, ax_ids) = plt.subplots(2, 1, figsize=(9, 0.55 * len(specs) + 1.8), sharex=True, constrained_layout=True,
-                                          gridspec_kw={"height_ratios": [len(specs), 1]})
+        fig, (ax0, ax_ids) = plt.subplots(
+            2,
+            1,
+            figsize=(9, 0.55 * len(specs) + 1.8),
+            sharex=True,
+            constrained_layout=True,
+            gridspec_kw={"height_ratios": [len(specs), 1]},
+        )
     colors = rank_colors(cp)
     cmap = ListedColormap(colors)
     norm = BoundaryNorm(np.arange(cp + 1) - 0.5, cp)
-    ax0.imshow(owners, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
-               extent=(-0.5, s - 0.5, len(specs) - 0.5, -0.5))
+    ax0.imshow(
+        owners,
+        aspect="auto",
+        cmap=cmap,
+        norm=norm,
+        interpolation="nearest",
+        extent=(-0.5, s - 0.5, len(specs) - 0.5, -0.5),
+    )
     ax0.set_yticks(range(len(specs)), [lab for _, _, lab in specs], fontsize=9)
     if annotate:
         for i in range(len(specs)):
             for t in range(s):
-                ax0.text(t, i, str(owners[i, t]), ha="center", va="center", fontsize=9, color="white")
+                ax0.text(
+                    t, i, str(owners[i, t]), ha="center", va="center", fontsize=9, color="white"
+                )
     if ax_ids is not None:
         n_seg = int(ids_row.max())
         scmap, snorm = _segment_cmap(n_seg)
-        ax_ids.imshow(ids_row[None, :], aspect="auto", cmap=scmap, norm=snorm, interpolation="nearest",
-                      extent=(-0.5, s - 0.5, 0.5, -0.5))
+        ax_ids.imshow(
+            ids_row[None, :],
+            aspect="auto",
+            cmap=scmap,
+            norm=snorm,
+            interpolation="nearest",
+            extent=(-0.5, s - 0.5, 0.5, -0.5),
+        )
         ax_ids.set_yticks([0], ["segment ids"], fontsize=9)
         ax_ids.set_xlabel("token index (original order)")
     else:
         ax0.set_xlabel("token index (original order)")
     handles = [Patch(color=colors[r], label=f"rank {r}") for r in range(cp)]
-    ax0.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncol=min(cp, 8), fontsize=9, frameon=False)
+    ax0.legend(
+        handles=handles,
+        loc="lower left",
+        bbox_to_anchor=(0, 1.02),
+        ncol=min(cp, 8),
+        fontsize=9,
+        frameon=False,
+    )
     fig.suptitle(title or f"Which rank holds each token (seq_len={s}, cp={cp})", fontsize=10)
     return fig
 
 
-def plot_per_token(values, segment_ids, *, ylabel: str = "value", title: Optional[str] = None,
-                   logy: bool = False):
+def plot_per_token(
+    values, segment_ids, *, ylabel: str = "value", title: str | None = None, logy: bool = False
+):
     """One or more per-token series along a row, with padding tokens shaded grey.
 
     ``values``: a ``[seq]`` array or a mapping ``label -> [seq]``; ``segment_ids``: the
@@ -458,16 +594,23 @@ def plot_per_token(values, segment_ids, *, ylabel: str = "value", title: Optiona
     else:
         series = {ylabel: values}
     if not series:
-        raise ValueError("values is empty; pass a [seq] array or a non-empty {label: [seq] array} mapping.")
+        raise ValueError(
+            "values is empty; pass a [seq] array or a non-empty {label: [seq] array} mapping."
+        )
     ids_row = np.asarray(segment_ids)
     if ids_row.ndim != 1 or ids_row.size == 0 or not np.issubdtype(ids_row.dtype, np.integer):
-        raise ValueError(f"segment_ids must be one non-empty integer row [seq], got shape {ids_row.shape}, dtype {ids_row.dtype}.")
+        raise ValueError(
+            f"segment_ids must be one non-empty integer row [seq], got shape {ids_row.shape}, dtype"
+            f" {ids_row.dtype}."
+        )
     s = ids_row.size
     arrays = {}
     for label, v in series.items():
         arr = np.asarray(v, dtype=np.float64)
         if arr.shape != (s,):
-            raise ValueError(f"values[{label!r}] has shape {arr.shape}; expected ({s},) to match segment_ids.")
+            raise ValueError(
+                f"values[{label!r}] has shape {arr.shape}; expected ({s},) to match segment_ids."
+            )
         arrays[label] = arr
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 2.8), constrained_layout=True)
@@ -490,23 +633,29 @@ def plot_per_token(values, segment_ids, *, ylabel: str = "value", title: Optiona
 # chapter 4: per-rank work
 
 
-def _square_matrices(pair_matrices) -> Tuple[list, list, int]:
+def _square_matrices(pair_matrices) -> tuple[list, list, int]:
     if not isinstance(pair_matrices, Mapping) or not pair_matrices:
-        raise ValueError("pair_matrices must be a non-empty mapping {layout label: [cp, cp] pair matrix}, "
-                         "e.g. {'contiguous': count_work(...).pair_matrix}.")
+        raise ValueError(
+            "pair_matrices must be a non-empty mapping {layout label: [cp, cp] pair matrix}, "
+            "e.g. {'contiguous': count_work(...).pair_matrix}."
+        )
     labels, mats, cp = [], [], None
     for label, m in pair_matrices.items():
         arr = np.asarray(m)
         if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 1:
-            raise ValueError(f"pair_matrices[{label!r}] has shape {arr.shape}; expected a square [cp, cp] matrix "
-                             "(query rank x key rank).")
+            raise ValueError(
+                f"pair_matrices[{label!r}] has shape {arr.shape}; expected a square [cp, cp] matrix"
+                " (query rank x key rank)."
+            )
         if not np.issubdtype(arr.dtype, np.number) or (arr < 0).any():
             raise ValueError(f"pair_matrices[{label!r}] must hold non-negative pair counts.")
         if cp is None:
             cp = arr.shape[0]
         elif arr.shape[0] != cp:
-            raise ValueError(f"pair_matrices[{label!r}] is {arr.shape[0]}x{arr.shape[0]} but the first matrix is {cp}x{cp}; "
-                             "compare layouts at one cp_size.")
+            raise ValueError(
+                f"pair_matrices[{label!r}] is {arr.shape[0]}x{arr.shape[0]} but the first matrix is"
+                f" {cp}x{cp}; compare layouts at one cp_size."
+            )
         labels.append(str(label))
         mats.append(arr.astype(np.float64))
     return labels, mats, cp
@@ -522,7 +671,7 @@ def _fmt_count(x: float) -> str:
     return f"{x:.0f}"
 
 
-def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
+def plot_rank_work(pair_matrices, *, title: str | None = None):
     """Per-rank attention work for several layouts.
 
     ``pair_matrices``: ``{label: M}`` with ``M[q_rank, kv_rank]`` the visible query-key
@@ -538,7 +687,9 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
     ncols = min(n, 3)
     nrows = math.ceil(n / ncols)
     cell = 2.7 if cp <= 4 else 3.6  # room for 9-pt counts in every cell
-    fig = plt.figure(figsize=(cell * ncols + 1.0, cell * nrows + 0.32 * n + 1.6), constrained_layout=True)
+    fig = plt.figure(
+        figsize=(cell * ncols + 1.0, cell * nrows + 0.32 * n + 1.6), constrained_layout=True
+    )
     grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[cell] * nrows + [0.32 * n + 0.9])
     axes = [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(n)]
     vmax = max(m.max() for m in mats) or 1.0
@@ -558,7 +709,9 @@ def plot_rank_work(pair_matrices, *, title: Optional[str] = None):
     rel = np.divide(totals, means, out=np.ones_like(totals), where=means > 0)
     ax = fig.add_subplot(grid[nrows, :])
     hi = max(2.0, float(rel.max()))
-    im = ax.imshow(rel, cmap="RdBu_r", vmin=2.0 - hi, vmax=hi, aspect="auto", interpolation="nearest")
+    im = ax.imshow(
+        rel, cmap="RdBu_r", vmin=2.0 - hi, vmax=hi, aspect="auto", interpolation="nearest"
+    )
     annotate_heatmap(ax, im, fmt="{:.2f}", fontsize=9)
     ax.set_yticks(range(n), labels, fontsize=9)
     ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=9)
@@ -582,8 +735,19 @@ def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     xy = _ring_positions(cp)
     colors = rank_colors(cp)
     for r in range(cp):
-        ax.add_patch(Circle(xy[r], 0.24, facecolor=colors[r], edgecolor="k", lw=0.8, alpha=0.9, zorder=3))
-        ax.text(*xy[r], labels[r], ha="center", va="center", fontsize=9, color="white", zorder=4, fontweight="bold")
+        ax.add_patch(
+            Circle(xy[r], 0.24, facecolor=colors[r], edgecolor="k", lw=0.8, alpha=0.9, zorder=3)
+        )
+        ax.text(
+            *xy[r],
+            labels[r],
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white",
+            zorder=4,
+            fontweight="bold",
+        )
     ax.set_xlim(-1.55, 1.55)
     ax.set_ylim(-1.55, 1.55)
     ax.set_aspect("equal")
@@ -597,18 +761,33 @@ def _arrow(ax, p0, p1, color, label=None, rad=0.0):
     d = p1 - p0
     u = d / (np.linalg.norm(d) or 1.0)
     a, b = p0 + 0.27 * u, p1 - 0.27 * u
-    patch = FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=9, color=color, lw=1.1,
-                            connectionstyle=f"arc3,rad={rad}", zorder=2)
+    patch = FancyArrowPatch(
+        a,
+        b,
+        arrowstyle="-|>",
+        mutation_scale=9,
+        color=color,
+        lw=1.1,
+        connectionstyle=f"arc3,rad={rad}",
+        zorder=2,
+    )
     ax.add_patch(patch)
     if label:
         mid = (a + b) / 2
         normal = np.array([-u[1], u[0]])
-        ax.text(*(mid + (0.18 + 0.5 * rad) * normal), label, ha="center", va="center", fontsize=9,
-                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85), zorder=5)
+        ax.text(
+            *(mid + (0.18 + 0.5 * rad) * normal),
+            label,
+            ha="center",
+            va="center",
+            fontsize=9,
+            bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85),
+            zorder=5,
+        )
     return patch
 
 
-def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title: Optional[str] = None):
+def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title: str | None = None):
     """Who sends what to whom, step by step, for one CP strategy.
 
     * ``'ring'`` (forward pass): ``cp-1`` hops. Before hop t (counting from 0) rank r holds
@@ -629,7 +808,10 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {_STRATEGIES}.")
     if schedule not in ("te", "reference"):
-        raise ValueError(f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or 'reference'.")
+        raise ValueError(
+            f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or"
+            " 'reference'."
+        )
     cp = _positive_int("cp_size", cp_size)
     if not 2 <= cp <= 16:
         raise ValueError(f"cp_size={cp}: draw between 2 and 16 ranks (with 1 rank nothing moves).")
@@ -640,8 +822,13 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
         """``count`` square panels, at most three per row, so the text stays legible on a page."""
         ncols = min(count, 3)
         nrows = math.ceil(count / ncols)
-        fig, grid = plt.subplots(nrows, ncols, figsize=(2.55 * ncols + 0.3, 2.9 * nrows + 0.3), squeeze=False,
-                                 constrained_layout=True)
+        fig, grid = plt.subplots(
+            nrows,
+            ncols,
+            figsize=(2.55 * ncols + 0.3, 2.9 * nrows + 0.3),
+            squeeze=False,
+            constrained_layout=True,
+        )
         for ax in grid.ravel()[count:]:
             fig.delaxes(ax)
         return fig, grid.ravel()[:count]
@@ -660,7 +847,9 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
             xy = _draw_ranks(ax, cp, [f"r{r}\nKV{held[r]}" for r in range(cp)])
             for r in range(cp):
                 _arrow(ax, xy[r], xy[(r + 1) % cp], colors[held[r]], f"KV{held[r]}")
-            ax.set_title(f"hop {t + 1} of {n}: attend, then pass\nthe held K/V block to rank r+1", fontsize=9)
+            ax.set_title(
+                f"hop {t + 1} of {n}: attend, then pass\nthe held K/V block to rank r+1", fontsize=9
+            )
     elif strategy == "allgather":
         phases = [("forward: all-gather K, V, ids, pos\n(each rank then holds all K/V)", "KV")]
         if schedule == "te":
@@ -671,15 +860,18 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
             all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}{r}" for r in range(cp)]))
             ax.set_title(name, fontsize=9)
     else:
-        phases = (("all-to-all Q, K, V: sequence\nshards -> head shards", "heads"),
-                  ("all-to-all O: head shards\n-> sequence shards", "seq"))
+        phases = (
+            ("all-to-all Q, K, V: sequence\nshards -> head shards", "heads"),
+            ("all-to-all O: head shards\n-> sequence shards", "seq"),
+        )
         fig, axes = panels(len(phases))
         for ax, (name, what) in zip(axes, phases):
             all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}" for r in range(cp)]))
             ax.set_title(name, fontsize=9)
     if strategy == "allgather":
         default = f"allgather: what moves between {cp} ranks,\nforward and backward " + (
-            "(TE's schedule)" if schedule == "te" else "(jax.grad of the shard_map reference)")
+            "(TE's schedule)" if schedule == "te" else "(jax.grad of the shard_map reference)"
+        )
     else:
         default = f"{strategy}: what moves between {cp} ranks in the forward pass"
     fig.suptitle(title or default, fontsize=10)
@@ -695,7 +887,7 @@ def _tensor_group(tensor: str) -> str:
     return "K / V (and grads)"
 
 
-def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
+def plot_comm_bytes(volumes, *, unit: str = "MiB", title: str | None = None):
     """Bytes each rank receives, forward and backward, per strategy (stacked by what moves).
 
     ``volumes``: ``{label: CommVolume}`` from :func:`tutorial_utils.perfmodel.comm.comm_volume` (any
@@ -703,39 +895,59 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
     ``total_received``). Bars are grouped per strategy, ``fwd`` and ``bwd`` side by side,
     stacked into K/V, Q/O and segment-metadata bytes.
     """
-    scales = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+    scales = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     if unit not in scales:
         raise ValueError(f"unit={unit!r} is unknown; use one of {tuple(scales)}.")
     if not isinstance(volumes, Mapping) or not volumes:
-        raise ValueError("volumes must be a non-empty mapping {label: CommVolume}, e.g. "
-                         "{s: comm_for_workload(wl, s) for s in ('ring', 'allgather', 'ulysses')}.")
+        raise ValueError(
+            "volumes must be a non-empty mapping {label: CommVolume}, e.g. "
+            "{s: comm_for_workload(wl, s) for s in ('ring', 'allgather', 'ulysses')}."
+        )
     groups = ("K / V (and grads)", "Q / O (and grads)", "segment ids / pos")
     data = {}
     for label, vol in volumes.items():
         transfers = getattr(vol, "transfers", None)
         if transfers is None:
-            raise ValueError(f"volumes[{label!r}] has no 'transfers'; pass tutorial_utils.perfmodel.comm.CommVolume objects.")
+            raise ValueError(
+                f"volumes[{label!r}] has no 'transfers'; pass"
+                " tutorial_utils.perfmodel.comm.CommVolume objects."
+            )
         acc = {(ph, g): 0.0 for ph in ("fwd", "bwd") for g in groups}
         for t in transfers:
             try:
                 acc[(t.phase, _tensor_group(t.tensor))] += float(t.total_received)
             except (AttributeError, KeyError) as err:
-                raise ValueError(f"volumes[{label!r}] has a transfer without phase 'fwd'/'bwd', tensor and "
-                                 f"total_received ({err!r}).") from None
+                raise ValueError(
+                    f"volumes[{label!r}] has a transfer without phase 'fwd'/'bwd', tensor and "
+                    f"total_received ({err!r})."
+                ) from None
         data[str(label)] = acc
     plt = _plt()
-    colors = {"K / V (and grads)": "#4c72b0", "Q / O (and grads)": "#dd8452", "segment ids / pos": "#8c8c8c"}
+    colors = {
+        "K / V (and grads)": "#4c72b0",
+        "Q / O (and grads)": "#dd8452",
+        "segment ids / pos": "#8c8c8c",
+    }
     fig, ax = plt.subplots(figsize=(max(5.0, 2.0 * len(data) + 1.5), 3.4), constrained_layout=True)
     width = 0.38
     scale = scales[unit]
-    for i, (label, acc) in enumerate(data.items()):
+    for i, acc in enumerate(data.values()):
         for k, phase in enumerate(("fwd", "bwd")):
             x = i + (k - 0.5) * width
             bottom = 0.0
             for g in groups:
                 h = acc[(phase, g)] / scale
-                ax.bar(x, h, width * 0.95, bottom=bottom, color=colors[g], edgecolor="white", lw=0.5,
-                       label=g if (i == 0 and k == 0) else None, hatch="//" if phase == "bwd" else None)
+                ax.bar(
+                    x,
+                    h,
+                    width * 0.95,
+                    bottom=bottom,
+                    color=colors[g],
+                    edgecolor="white",
+                    lw=0.5,
+                    label=g if (i == 0 and k == 0) else None,
+                    hatch="//" if phase == "bwd" else None,
+                )
                 bottom += h
             ax.text(x, bottom, f"{phase}\n{bottom:.3g}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(data)), list(data))
@@ -752,16 +964,29 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: Optional[str] = None):
 
 def _check_results(name: str, results) -> list:
     if not isinstance(results, (list, tuple)) or not results:
-        raise ValueError(f"{name} must be a non-empty list of result dicts with 'strategy' and 'mean_ms'.")
+        raise ValueError(
+            f"{name} must be a non-empty list of result dicts with 'strategy' and 'mean_ms'."
+        )
     out = []
     for i, r in enumerate(results):
         if not isinstance(r, Mapping) or "strategy" not in r:
-            raise ValueError(f"{name}[{i}] must be a dict with 'strategy' and 'mean_ms', got {r!r}.")
+            raise ValueError(
+                f"{name}[{i}] must be a dict with 'strategy' and 'mean_ms', got {r!r}."
+            )
         ms = r.get("mean_ms")
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-            raise ValueError(f"{name}[{i}].mean_ms must be a positive finite number of milliseconds, got {ms!r}.")
+        if (
+            isinstance(ms, bool)
+            or not isinstance(ms, (int, float))
+            or not math.isfinite(ms)
+            or ms <= 0
+        ):
+            raise ValueError(
+                f"{name}[{i}].mean_ms must be a positive finite number of milliseconds, got {ms!r}."
+            )
         std = r.get("std_ms")
-        if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or not std >= 0):
+        if std is not None and (
+            isinstance(std, bool) or not isinstance(std, (int, float)) or not std >= 0
+        ):
             raise ValueError(f"{name}[{i}].std_ms must be a number >= 0 (or absent), got {std!r}.")
         out.append(r)
     return out
@@ -776,15 +1001,29 @@ def _bar_panel(ax, results, title):
         err.append(float(r.get("std_ms") or 0.0))
     base = next((float(r["mean_ms"]) for r in results if r["strategy"] == "single"), None)
     colors = ["#7f7f7f" if r["strategy"] == "single" else "#4c72b0" for r in results]
-    bars = ax.bar(range(len(ms)), ms, yerr=err if any(err) else None, color=colors, capsize=3,
-                  error_kw=dict(elinewidth=1.0, ecolor="0.15"))
+    bars = ax.bar(
+        range(len(ms)),
+        ms,
+        yerr=err if any(err) else None,
+        color=colors,
+        capsize=3,
+        error_kw=dict(elinewidth=1.0, ecolor="0.15"),
+    )
     for b, m, e in zip(bars, ms, err):
         text = _fmt_ms(m)
         if base:
             text += f"\n{base / m:.2f}x"
-        # anchored at the top of the error bar and lifted by a few points, so the bar never crosses the label
-        ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height() + e), xytext=(0, 4),
-                    textcoords="offset points", ha="center", va="bottom", fontsize=9)
+        # anchored at the top of the error bar and lifted by a few points, so the bar never crosses
+        # the label
+        ax.annotate(
+            text,
+            (b.get_x() + b.get_width() / 2, b.get_height() + e),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     ax.set_xticks(range(len(ms)), labels, fontsize=9)
     ax.set_ylabel("forward + backward [ms]")
     ax.margins(y=0.3)
@@ -794,20 +1033,45 @@ def _bar_panel(ax, results, title):
 def _table_panel(ax, results, title):
     """The results as a labelled table of times, with no bars and no speed-ups."""
     ax.axis("off")
-    cells = [[r["strategy"] + (f", stripe {r['stripe_size']}" if r.get("stripe_size") not in (None, 0) else ""),
-              _fmt_ms(float(r["mean_ms"])),
-              "" if r.get("std_ms") is None else _fmt_ms(float(r["std_ms"]))] for r in results]
-    table = ax.table(cellText=cells, colLabels=["configuration", "mean fwd+bwd", "std"], loc="upper center",
-                     cellLoc="left", colLoc="left", bbox=(0.0, 0.12, 1.0, 0.76))
+    cells = [
+        [
+            r["strategy"]
+            + (f", stripe {r['stripe_size']}" if r.get("stripe_size") not in (None, 0) else ""),
+            _fmt_ms(float(r["mean_ms"])),
+            "" if r.get("std_ms") is None else _fmt_ms(float(r["std_ms"])),
+        ]
+        for r in results
+    ]
+    table = ax.table(
+        cellText=cells,
+        colLabels=["configuration", "mean fwd+bwd", "std"],
+        loc="upper center",
+        cellLoc="left",
+        colLoc="left",
+        bbox=(0.0, 0.12, 1.0, 0.76),
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(9)
-    ax.text(0.0, 0.02, "CPU timings: no speed-ups, they say nothing about GPUs", transform=ax.transAxes,
-            fontsize=9, style="italic", va="bottom")
+    ax.text(
+        0.0,
+        0.02,
+        "CPU timings: no speed-ups, they say nothing about GPUs",
+        transform=ax.transAxes,
+        fontsize=9,
+        style="italic",
+        va="bottom",
+    )
     ax.set_title(title, fontsize=9)
 
 
-def plot_benchmark(results, *, published=None, title: Optional[str] = "this machine",
-                   published_title: str = "published by TE, 4x GB200", local_as_table: bool = False):
+def plot_benchmark(
+    results,
+    *,
+    published=None,
+    title: str | None = "this machine",
+    published_title: str = "published by TE, 4x GB200",
+    local_as_table: bool = False,
+):
     """Forward+backward times as bars; published figures, if given, in a *separate* panel.
 
     ``results`` / ``published``: lists of dicts with ``strategy``, ``mean_ms`` and
@@ -833,7 +1097,12 @@ def plot_benchmark(results, *, published=None, title: Optional[str] = "this mach
 # --------------------------------------------------------------------------------------------
 # benchmarks page: stored cp-bench/1 records
 
-_DISTINGUISHING_FIELDS = (("seq_len", "S={}"), ("window", "window {}"), ("batch", "batch {}"), ("cp_size", "cp {}"))
+_DISTINGUISHING_FIELDS = (
+    ("seq_len", "S={}"),
+    ("window", "window {}"),
+    ("batch", "batch {}"),
+    ("cp_size", "cp {}"),
+)
 
 
 def _fmt_ms(ms: float) -> str:
@@ -846,13 +1115,19 @@ def _fmt_ms(ms: float) -> str:
 
 
 def _is_extrapolated(row: Mapping) -> bool:
-    return bool(row.get("extrapolated")) or str(row.get("measurement", "")).startswith("extrapolated")
+    return bool(row.get("extrapolated")) or str(row.get("measurement", "")).startswith(
+        "extrapolated"
+    )
 
 
 def _field_text(value) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(str(v) for v in value) + ")"
-    return f"{value:,}" if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else str(value)
+    return (
+        f"{value:,}"
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        else str(value)
+    )
 
 
 def result_labels(results) -> list:
@@ -910,8 +1185,9 @@ def _record_title(record: Mapping, width: int = 70) -> str:
     return textwrap.fill(source_title(dict(record)), width)
 
 
-def record_speedup(record: Mapping, row: Mapping) -> Optional[float]:
-    """A row's speedup: the stored ``speedup``, else the record's ``'single'`` time over the row's."""
+def record_speedup(record: Mapping, row: Mapping) -> float | None:
+    """A row's speedup: the stored ``speedup``, else the record's ``'single'`` time over the
+    row's."""
     if row.get("speedup") is not None:
         return float(row["speedup"])
     singles = [r["mean_ms"] for r in record.get("results", ()) if r.get("strategy") == "single"]
@@ -920,21 +1196,38 @@ def record_speedup(record: Mapping, row: Mapping) -> Optional[float]:
     return None
 
 
-def _hbar_panel(ax, labels, values, errors, extrapolated, value_text, *, color="#4c72b0", log=False):
+def _hbar_panel(
+    ax, labels, values, errors, extrapolated, value_text, *, color="#4c72b0", log=False
+):
     """Horizontal bars with value labels placed beyond the end of each error bar."""
     y = np.arange(len(values))
     face = ["white" if x else color for x in extrapolated]
-    bars = ax.barh(y, values, color=face, edgecolor=color, lw=1.2,
-                   hatch=None, height=0.65)
+    bars = ax.barh(y, values, color=face, edgecolor=color, lw=1.2, hatch=None, height=0.65)
     for bar, x in zip(bars, extrapolated):
         if x:
             bar.set_hatch("///")
     err = np.asarray([0.0 if (x or e is None) else float(e) for e, x in zip(errors, extrapolated)])
     has = err > 0
     if has.any():  # measured rows with a spread only: extrapolated rows never get an error bar
-        ax.errorbar(np.asarray(values)[has], y[has], xerr=err[has], fmt="none", ecolor="0.15", elinewidth=1.0, capsize=3)
+        ax.errorbar(
+            np.asarray(values)[has],
+            y[has],
+            xerr=err[has],
+            fmt="none",
+            ecolor="0.15",
+            elinewidth=1.0,
+            capsize=3,
+        )
     for yi, v, e, text in zip(y, values, err, value_text):
-        ax.annotate(text, (v + e, yi), xytext=(5, 0), textcoords="offset points", ha="left", va="center", fontsize=9)
+        ax.annotate(
+            text,
+            (v + e, yi),
+            xytext=(5, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=9,
+        )
     ax.set_yticks(y, labels, fontsize=9)
     ax.invert_yaxis()
     if log:
@@ -946,7 +1239,7 @@ def _hbar_panel(ax, labels, values, errors, extrapolated, value_text, *, color="
     return bars
 
 
-def plot_record_times(record: Mapping, *, title: Optional[str] = None):
+def plot_record_times(record: Mapping, *, title: str | None = None):
     """Mean time per result row of one ``cp-bench/1`` record, as horizontal bars.
 
     Titled with the record's source and label. Each bar is labelled with its time (and the
@@ -956,7 +1249,10 @@ def plot_record_times(record: Mapping, *, title: Optional[str] = None):
     logarithmic.
     """
     if not isinstance(record, Mapping) or "results" not in record:
-        raise ValueError("record must be a cp-bench/1 record (a dict with 'results'); load it with records.load_records().")
+        raise ValueError(
+            "record must be a cp-bench/1 record (a dict with 'results'); load it with"
+            " records.load_records()."
+        )
     rows = _check_results("record['results']", record["results"])
     labels = result_labels(rows)
     means = np.asarray([float(r["mean_ms"]) for r in rows])
@@ -977,12 +1273,23 @@ def plot_record_times(record: Mapping, *, title: Optional[str] = None):
     if any(extrap):
         from matplotlib.patches import Patch
 
-        fig.legend(handles=[Patch(facecolor="white", edgecolor="#4c72b0", hatch="///", label="extrapolated, not measured")],
-                   fontsize=9, loc="outside lower right", frameon=False)
+        fig.legend(
+            handles=[
+                Patch(
+                    facecolor="white",
+                    edgecolor="#4c72b0",
+                    hatch="///",
+                    label="extrapolated, not measured",
+                )
+            ],
+            fontsize=9,
+            loc="outside lower right",
+            frameon=False,
+        )
     return fig
 
 
-def plot_record_speedups(records: Sequence[Mapping], *, title: Optional[str] = None):
+def plot_record_speedups(records: Sequence[Mapping], *, title: str | None = None):
     """Speedup over one device, one panel (with its own axis) per record that has speedups.
 
     Records from different sources (a CPU run of the reference, TE's published GB200
@@ -996,7 +1303,11 @@ def plot_record_speedups(records: Sequence[Mapping], *, title: Optional[str] = N
             raise ValueError("records must be cp-bench/1 records (dicts with 'results').")
         rows = _check_rows("record['results']", rec["results"])
         labels = result_labels(rows)
-        keep = [(lab, r, record_speedup(rec, r)) for lab, r in zip(labels, rows) if r["strategy"] != "single"]
+        keep = [
+            (lab, r, record_speedup(rec, r))
+            for lab, r in zip(labels, rows)
+            if r["strategy"] != "single"
+        ]
         keep = [(lab, r, s) for lab, r, s in keep if s is not None]
         if keep:
             panels.append((rec, keep))
@@ -1004,14 +1315,28 @@ def plot_record_speedups(records: Sequence[Mapping], *, title: Optional[str] = N
         return None
     plt = _plt()
     heights = [0.42 * len(k) + 1.1 for _, k in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7.2, sum(heights) + 0.4), squeeze=False, constrained_layout=True,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(7.2, sum(heights) + 0.4),
+        squeeze=False,
+        constrained_layout=True,
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, (rec, keep) in zip(axes[:, 0], panels):
         labels = [lab for lab, _, _ in keep]
         values = np.asarray([s for _, _, s in keep])
         extrap = [_is_extrapolated(r) for _, r, _ in keep]
         color = "#b07d2b" if rec.get("source") == "published" else "#4c72b0"
-        _hbar_panel(ax, labels, values, [None] * len(keep), extrap, [f"{v:.2f}x" for v in values], color=color)
+        _hbar_panel(
+            ax,
+            labels,
+            values,
+            [None] * len(keep),
+            extrap,
+            [f"{v:.2f}x" for v in values],
+            color=color,
+        )
         ax.axvline(1.0, color="0.4", lw=0.9, ls=":")
         ax.set_xlabel("speedup over the same record's single device", fontsize=9)
         ax.set_title(_record_title(rec), fontsize=9)
@@ -1029,9 +1354,13 @@ __all__ += ["plot_time_breakdown", "plot_speedup_sweep"]
 
 _PUBLISHED_LABEL = "published (TE tutorial, 4xGB200)"
 _PUBLISHED_STYLE = dict(marker="*", s=200, color="black", zorder=5)
-_BREAKDOWN_PARTS = (("ideal_ms", "ideal (one GPU / cp)"), ("fragmentation_ms", "tile fragmentation"),
-                    ("imbalance_ms", "load imbalance"), ("cp_overhead_ms", "fitted CP efficiency loss"),
-                    ("comm_exposed_ms", "exposed communication"))
+_BREAKDOWN_PARTS = (
+    ("ideal_ms", "ideal (one GPU / cp)"),
+    ("fragmentation_ms", "tile fragmentation"),
+    ("imbalance_ms", "load imbalance"),
+    ("cp_overhead_ms", "fitted CP efficiency loss"),
+    ("comm_exposed_ms", "exposed communication"),
+)
 
 
 def _case_text(strategy, stripe, sep=", ") -> str:
@@ -1042,7 +1371,7 @@ def _short_gpu(name) -> str:
     return str(name).split(" (")[0]  # "GB200 (per Blackwell GPU)" -> "GB200"
 
 
-def plot_time_breakdown(predictions, *, published=None, title: Optional[str] = None):
+def plot_time_breakdown(predictions, *, published=None, title: str | None = None):
     """Model-predicted fwd+bwd time of each configuration, stacked by where the time goes.
 
     Why: a speedup short of ``cp`` has several causes, and the fix depends on which one
@@ -1057,9 +1386,13 @@ def plot_time_breakdown(predictions, *, published=None, title: Optional[str] = N
     if not preds:
         raise ValueError("predictions must be a non-empty list of costmodel.predict(...) results.")
     for i, p in enumerate(preds):
-        if not getattr(p, "applicable", False) or not isinstance(getattr(p, "breakdown", None), Mapping):
-            raise ValueError(f"predictions[{i}] is not an applicable prediction with a breakdown "
-                             f"({getattr(p, 'reason', p)!r}); leave it out.")
+        if not getattr(p, "applicable", False) or not isinstance(
+            getattr(p, "breakdown", None), Mapping
+        ):
+            raise ValueError(
+                f"predictions[{i}] is not an applicable prediction with a breakdown "
+                f"({getattr(p, 'reason', p)!r}); leave it out."
+            )
     pub = dict(published or {})
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8.4, 3.8), constrained_layout=True)
@@ -1069,19 +1402,33 @@ def plot_time_breakdown(predictions, *, published=None, title: Optional[str] = N
         vals = np.array([float(p.breakdown[key]) for p in preds])
         ax.bar(x, vals, bottom=bottom, label=name, width=0.6)
         bottom += vals
-    stars = [(i, pub[(p.strategy, p.stripe_size)]) for i, p in enumerate(preds) if (p.strategy, p.stripe_size) in pub]
+    stars = [
+        (i, pub[(p.strategy, p.stripe_size)])
+        for i, p in enumerate(preds)
+        if (p.strategy, p.stripe_size) in pub
+    ]
     if stars:
-        ax.scatter([i for i, _ in stars], [ms for _, ms in stars], label=_PUBLISHED_LABEL, **_PUBLISHED_STYLE)
+        ax.scatter(
+            [i for i, _ in stars],
+            [ms for _, ms in stars],
+            label=_PUBLISHED_LABEL,
+            **_PUBLISHED_STYLE,
+        )
     ax.set_xticks(x, [_case_text(p.strategy, p.stripe_size, "\n") for p in preds], fontsize=9)
     ax.set_ylabel("fwd+bwd time (ms)")
-    ax.set_title(title or f"Model prediction, {preds[0].cp_size} x {_short_gpu(preds[0].hardware)}: "
-                          "where the time goes", fontsize=10)
+    ax.set_title(
+        title
+        or f"Model prediction, {preds[0].cp_size} x {_short_gpu(preds[0].hardware)}: "
+        "where the time goes",
+        fontsize=10,
+    )
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
-def plot_speedup_sweep(sweep: Mapping, *, published=None, xlabel: Optional[str] = None,
-                       title: Optional[str] = None):
+def plot_speedup_sweep(
+    sweep: Mapping, *, published=None, xlabel: str | None = None, title: str | None = None
+):
     """Predicted speedup over one GPU along one swept workload field, one line per configuration.
 
     Why: the line crossing 1 is where CP starts (or stops) paying off. ``sweep``: the dict
@@ -1102,11 +1449,17 @@ def plot_speedup_sweep(sweep: Mapping, *, published=None, xlabel: Optional[str] 
     for key, ys in sweep["speedup"].items():
         ys = np.asarray(ys, dtype=np.float64)
         if ys.shape != xs.shape:
-            raise ValueError(f"sweep['speedup'][{key!r}] has {ys.size} points for {xs.size} values.")
-        ax.plot(xs, ys, "-o", ms=3, color=colors[key], label=f"model prediction: {_case_text(*key)}")
+            raise ValueError(
+                f"sweep['speedup'][{key!r}] has {ys.size} points for {xs.size} values."
+            )
+        ax.plot(
+            xs, ys, "-o", ms=3, color=colors[key], label=f"model prediction: {_case_text(*key)}"
+        )
     stars = [(key, s) for key, s in dict(published or {}).items() if key in colors]
-    for j, (key, s) in enumerate(stars):
-        ax.scatter([sweep.get("base")], [s], label=_PUBLISHED_LABEL if j == 0 else None, **_PUBLISHED_STYLE)
+    for j, (_key, s) in enumerate(stars):
+        ax.scatter(
+            [sweep.get("base")], [s], label=_PUBLISHED_LABEL if j == 0 else None, **_PUBLISHED_STYLE
+        )
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":", label="one GPU (break-even)")
     if xs.min() > 0 and xs.max() / xs.min() > 8:
         ax.set_xscale("log", base=2)
@@ -1117,7 +1470,11 @@ def plot_speedup_sweep(sweep: Mapping, *, published=None, xlabel: Optional[str] 
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     cp = sweep.get("cp_size")
-    where = _short_gpu(sweep.get("hardware", "")) if cp is None else f"{cp} x {_short_gpu(sweep.get('hardware', ''))}"
+    where = (
+        _short_gpu(sweep.get("hardware", ""))
+        if cp is None
+        else f"{cp} x {_short_gpu(sweep.get('hardware', ''))}"
+    )
     ax.set_title(title or f"Model prediction, {where}: speedup vs {sweep['field']}", fontsize=10)
     ax.legend(fontsize=9, loc="lower right", frameon=True, framealpha=0.9)
     return fig

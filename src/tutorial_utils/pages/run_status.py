@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, List, Optional
 
 from tutorial_utils.perfmodel import records as _records
 
@@ -48,7 +48,7 @@ MARKER = "<!-- run-status -->"
 MAX_NAMED = 3
 
 
-def gpu_records(directory=None) -> List[dict]:
+def gpu_records(directory=None) -> list[dict]:
     """Valid records in ``directory`` (default: ``results/``) that ran on a GPU, oldest first.
 
     Invalid files are skipped here: the Benchmarks page reports them, and a committed bad
@@ -58,16 +58,21 @@ def gpu_records(directory=None) -> List[dict]:
         found, _problems = _records.read_records(directory)
     except FileNotFoundError:
         return []
-    gpu = [r for r in found
-           if r.get("source") != "published" and (r.get("hardware") or {}).get("platform") == "gpu"]
+    gpu = [
+        r
+        for r in found
+        if r.get("source") != "published" and (r.get("hardware") or {}).get("platform") == "gpu"
+    ]
     return sorted(gpu, key=lambda r: (str(r.get("created", "")), Path(r["_path"]).name))
 
 
-def build_description(gpu: bool, backend: Optional[str] = None, devices: Optional[int] = None) -> str:
+def build_description(gpu: bool, backend: str | None = None, devices: int | None = None) -> str:
     """What this build runs the notebooks on, from what conf.py knows before any kernel starts."""
     backend = backend or "auto"
     if gpu:
-        what = "the pure-JAX reference on GPUs" if backend == "reference" else "GPUs (TE with cuDNN)"
+        what = (
+            "the pure-JAX reference on GPUs" if backend == "reference" else "GPUs (TE with cuDNN)"
+        )
     elif backend == "reference":
         what = "CPU (the pure-JAX reference, no TE)"
     else:
@@ -102,7 +107,9 @@ def status_text(gpu_recs: Iterable[dict], build: str) -> str:
 
 def status_box(gpu_recs: Iterable[dict], build: str) -> str:
     """The landing page's box: the status paragraph alone."""
-    return _admonition("What ran where", status_text(gpu_recs, build).replace("**What ran where.** ", ""))
+    return _admonition(
+        "What ran where", status_text(gpu_recs, build).replace("**What ran where.** ", "")
+    )
 
 
 def chapter_box(gpu_recs: Iterable[dict], build: str) -> str:
@@ -110,11 +117,11 @@ def chapter_box(gpu_recs: Iterable[dict], build: str) -> str:
     recs = list(gpu_recs)
     untried = "" if recs else " (a path not yet run)"
     how = (
-        "Without a GPU, TE's own JAX code runs on simulated CPU devices with a stand-in for cuDNN's "
-        f"kernel (`tutorial_utils.te_on_cpu`); on a GPU node the same cells call TE's cuDNN "
-        f"kernels{untried}. The `Backend:` line names what produced this page. CPU timings say nothing "
-        f"about GPU speed. *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a claim that rests on "
-        "the stand-in's reading of cuDNN's contract."
+        "Without a GPU, TE's own JAX code runs on simulated CPU devices with a stand-in for"
+        " cuDNN's kernel (`tutorial_utils.te_on_cpu`); on a GPU node the same cells call TE's"
+        f" cuDNN kernels{untried}. The `Backend:` line names what produced this page. CPU timings"
+        f" say nothing about GPU speed. *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a"
+        " claim that rests on the stand-in's reading of cuDNN's contract."
     )
     return _admonition("How this page ran", how + "\n\n" + status_text(recs, build))
 
@@ -140,14 +147,21 @@ def insert_box(docname: str, text: str, gpu_recs: Iterable[dict], build: str) ->
         return text
     title = _H1.search(text)
     if title is None:
-        raise ValueError(f"{docname}: no '# ' title line to put the run-status box under; "
-                         "give the page a level-1 heading.")
+        raise ValueError(
+            f"{docname}: no '# ' title line to put the run-status box under; "
+            "give the page a level-1 heading."
+        )
     end = title.end()
     return text[:end] + "\n\n" + box + text[end:]
 
 
 def build_from_environment(gpu: bool) -> str:
     """:func:`build_description` for the current environment (conf.py's view)."""
-    flags = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    return build_description(gpu, os.environ.get("TUTORIAL_TE_BACKEND"),
-                             int(flags.group(1)) if flags and not gpu else None)
+    flags = re.search(
+        r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    return build_description(
+        gpu,
+        os.environ.get("TUTORIAL_TE_BACKEND"),
+        int(flags.group(1)) if flags and not gpu else None,
+    )

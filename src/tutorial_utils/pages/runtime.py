@@ -34,7 +34,9 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
     if gpu_present():
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    chosen = _FLAG in flags  # the caller fixed the device count (e.g. a 1-, 2- or 8-device run): keep it
+    chosen = (
+        _FLAG in flags
+    )  # the caller fixed the device count (e.g. a 1-, 2- or 8-device run): keep it
     if not chosen:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={num_cpu_devices}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -44,8 +46,9 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
         have = len(jax.devices())
         if have < num_cpu_devices and jax.default_backend() == "cpu":
             raise RuntimeError(
-                f"JAX was imported before setup_devices() and sees {have} CPU device(s), not {num_cpu_devices}. "
-                f"Restart the kernel and call setup_devices() (or set XLA_FLAGS={_FLAG}={num_cpu_devices}) before importing jax."
+                f"JAX was imported before setup_devices() and sees {have} CPU device(s), not"
+                f" {num_cpu_devices}. Restart the kernel and call setup_devices() (or set"
+                f" XLA_FLAGS={_FLAG}={num_cpu_devices}) before importing jax."
             )
 
 
@@ -67,9 +70,12 @@ def backend_line(workload=None) -> str:
     if workload is not None:
         line += f" | cp: {workload.cp_size} | preset: {workload.name}"
         if workload.cp_size == 1:
-            line += ("\nOnly one device, so CP size 1: every CP call below runs without context parallelism "
-                     "(still correct). To see CP on this machine, run on simulated CPU devices with TE-on-CPU: "
-                     "CUDA_VISIBLE_DEVICES= XLA_FLAGS=--xla_force_host_platform_device_count=4.")
+            line += (
+                "\nOnly one device, so CP size 1: every CP call below runs without context"
+                " parallelism (still correct). To see CP on this machine, run on simulated CPU"
+                " devices with TE-on-CPU: CUDA_VISIBLE_DEVICES="
+                " XLA_FLAGS=--xla_force_host_platform_device_count=4."
+            )
     return line
 
 
@@ -83,7 +89,8 @@ def _pkg_version(name: str):
 
 
 def _first_version(*names):
-    """Version of the first installed package among ``names`` (cu13 and cu12 wheels differ in name)."""
+    """Version of the first installed package among ``names`` (cu13 and cu12 wheels differ in
+    name)."""
     for name in names:
         ver = _pkg_version(name)
         if ver:
@@ -111,15 +118,23 @@ def environment_record() -> dict:
         "python": platform.python_version(),
         "jax": jax.__version__,
         "jaxlib": _pkg_version("jaxlib"),
-        "transformer_engine": _pkg_version("transformer-engine") or _pkg_version("transformer_engine"),
+        "transformer_engine": (
+            _pkg_version("transformer-engine") or _pkg_version("transformer_engine")
+        ),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     if platform_name == "gpu":
         smi = shutil.which("nvidia-smi")
         if smi:
-            out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+            out = subprocess.run(
+                [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            )
             rec["gpu"] = out.stdout.strip()
-        rec["cuda"] = _first_version("nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12")
+        rec["cuda"] = _first_version(
+            "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"
+        )
         rec["cudnn"] = _first_version("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
         rec["cudnn_frontend"] = _pkg_version("nvidia-cudnn-frontend")
     return rec

@@ -38,7 +38,7 @@ def _where(obj) -> str:
     """``src/tutorial_utils/x.py, lines a-b`` (the path from ``src/`` when the file lies there)."""
     path = Path(inspect.getsourcefile(obj) or "?")
     parts = path.parts
-    shown = Path(*parts[parts.index("src"):]) if "src" in parts else Path(path.name)
+    shown = Path(*parts[parts.index("src") :]) if "src" in parts else Path(path.name)
     lines, first = inspect.getsourcelines(obj)
     return f"{shown.as_posix()}, lines {first}-{first + len(lines) - 1}"
 
@@ -51,7 +51,9 @@ def show_source(obj) -> SourceCode:
     """
     target = inspect.unwrap(obj)
     if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.ismethod(target)):
-        raise TypeError(f"show_source needs a Python function or class, got {type(obj).__name__} {obj!r}.")
+        raise TypeError(
+            f"show_source needs a Python function or class, got {type(obj).__name__} {obj!r}."
+        )
     try:
         code = inspect.getsource(target)
     except (OSError, TypeError) as err:

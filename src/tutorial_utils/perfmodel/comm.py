@@ -46,10 +46,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Dict, Tuple
 
-__all__ = ["Transfer", "CommVolume", "comm_volume", "comm_for_workload", "ring_step_bytes", "hlo_collective_bytes",
-           "STRATEGIES", "SCHEDULES", "dtype_bytes"]
+__all__ = [
+    "Transfer",
+    "CommVolume",
+    "comm_volume",
+    "comm_for_workload",
+    "ring_step_bytes",
+    "hlo_collective_bytes",
+    "STRATEGIES",
+    "SCHEDULES",
+    "dtype_bytes",
+]
 
 STRATEGIES = ("ring", "allgather", "ulysses")
 SCHEDULES = ("te", "reference")
@@ -61,11 +69,15 @@ def dtype_bytes(dtype) -> int:
     """Bytes per element of ``dtype`` (a name such as ``'bfloat16'`` or an int passed through)."""
     if isinstance(dtype, int) and not isinstance(dtype, bool):
         if dtype < 1:
-            raise ValueError(f"dtype={dtype} bytes must be positive; pass 2 for bf16 or a dtype name.")
+            raise ValueError(
+                f"dtype={dtype} bytes must be positive; pass 2 for bf16 or a dtype name."
+            )
         return dtype
     name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
     if name not in _DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is unknown; use one of {sorted(_DTYPE_BYTES)} or a byte count.")
+        raise ValueError(
+            f"dtype={dtype!r} is unknown; use one of {sorted(_DTYPE_BYTES)} or a byte count."
+        )
     return _DTYPE_BYTES[name]
 
 
@@ -73,9 +85,9 @@ def dtype_bytes(dtype) -> int:
 class Transfer:
     """One kind of collective issued ``count`` times; bytes are per rank per issue."""
 
-    phase: str          # "fwd" or "bwd"
-    op: str             # collective-permute | all-gather | reduce-scatter | all-to-all
-    tensor: str         # what moves, e.g. "K|V" (stacked), "segment_ids", "dK"
+    phase: str  # "fwd" or "bwd"
+    op: str  # collective-permute | all-gather | reduce-scatter | all-to-all
+    tensor: str  # what moves, e.g. "K|V" (stacked), "segment_ids", "dK"
     count: int
     bytes_sent: int
     bytes_received: int
@@ -98,10 +110,12 @@ class CommVolume:
     strategy: str
     schedule: str
     cp_size: int
-    transfers: Tuple[Transfer, ...]
+    transfers: tuple[Transfer, ...]
 
     def _sum(self, phase=None, attr="total_sent") -> int:
-        return int(sum(getattr(t, attr) for t in self.transfers if phase is None or t.phase == phase))
+        return int(
+            sum(getattr(t, attr) for t in self.transfers if phase is None or t.phase == phase)
+        )
 
     @property
     def fwd_sent(self) -> int:
@@ -133,9 +147,9 @@ class CommVolume:
         """Bytes one rank receives, forward plus backward."""
         return self._sum(attr="total_received")
 
-    def by_op(self, phase=None) -> Dict[str, int]:
+    def by_op(self, phase=None) -> dict[str, int]:
         """Bytes sent per collective kind (e.g. to compare with a compiled HLO)."""
-        out: Dict[str, int] = {}
+        out: dict[str, int] = {}
         for t in self.transfers:
             if phase is None or t.phase == phase:
                 out[t.op] = out.get(t.op, 0) + t.total_sent
@@ -144,8 +158,12 @@ class CommVolume:
     def as_dict(self) -> dict:
         """Plain-JSON view for records and the advisor's ``--json`` output."""
         return {
-            "strategy": self.strategy, "schedule": self.schedule, "cp_size": self.cp_size,
-            "fwd_sent": self.fwd_sent, "bwd_sent": self.bwd_sent, "total_sent": self.total_sent,
+            "strategy": self.strategy,
+            "schedule": self.schedule,
+            "cp_size": self.cp_size,
+            "fwd_sent": self.fwd_sent,
+            "bwd_sent": self.bwd_sent,
+            "total_sent": self.total_sent,
             "transfers": [dataclasses.asdict(t) for t in self.transfers],
         }
 
@@ -157,29 +175,53 @@ def _pos_int(name, value) -> int:
 
 
 def _shards(batch, seq_len, num_q_heads, num_kv_heads, head_dim, cp_size, dtype, id_bytes):
-    for name, v in (("batch", batch), ("seq_len", seq_len), ("num_q_heads", num_q_heads),
-                    ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("cp_size", cp_size), ("id_bytes", id_bytes)):
+    for name, v in (
+        ("batch", batch),
+        ("seq_len", seq_len),
+        ("num_q_heads", num_q_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("cp_size", cp_size),
+        ("id_bytes", id_bytes),
+    ):
         _pos_int(name, v)
     if seq_len % cp_size:
-        raise ValueError(f"seq_len={seq_len} is not divisible by cp_size={cp_size}; pad rows to a multiple of {cp_size}.")
+        raise ValueError(
+            f"seq_len={seq_len} is not divisible by cp_size={cp_size}; pad rows to a multiple of"
+            f" {cp_size}."
+        )
     b = dtype_bytes(dtype)
     tokens = batch * seq_len // cp_size
     return {
         "q": tokens * num_q_heads * head_dim * b,
-        "kv": tokens * num_kv_heads * head_dim * b,   # one of K or V
-        "ids": tokens * id_bytes,                      # one of segment_ids or segment_pos
+        "kv": tokens * num_kv_heads * head_dim * b,  # one of K or V
+        "ids": tokens * id_bytes,  # one of segment_ids or segment_pos
     }
 
 
-def ring_step_bytes(phase: str, *, batch: int, seq_len: int, num_kv_heads: int, head_dim: int, cp_size: int,
-                    dtype="bfloat16", id_bytes: int = 4, schedule: str = "te", num_q_heads: int = 1) -> int:
+def ring_step_bytes(
+    phase: str,
+    *,
+    batch: int,
+    seq_len: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cp_size: int,
+    dtype="bfloat16",
+    id_bytes: int = 4,
+    schedule: str = "te",
+    num_q_heads: int = 1,
+) -> int:
     """Bytes one rank sends in one overlapped ring hop (``phase`` ``'fwd'`` or ``'bwd'``).
 
     Why: Ring hides a hop behind one step's attention; the cost model compares this with
     the step's compute to find the exposed part.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or 'reference'.")
+        raise ValueError(
+            f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or"
+            " 'reference'."
+        )
     s = _shards(batch, seq_len, num_q_heads, num_kv_heads, head_dim, cp_size, dtype, id_bytes)
     if phase == "fwd":
         return 2 * s["kv"] + 2 * s["ids"]
@@ -188,8 +230,19 @@ def ring_step_bytes(phase: str, *, batch: int, seq_len: int, num_kv_heads: int, 
     raise ValueError(f"phase={phase!r} must be 'fwd' or 'bwd'.")
 
 
-def comm_volume(strategy: str, *, batch: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                cp_size: int, dtype="bfloat16", id_bytes: int = 4, schedule: str = "te") -> CommVolume:
+def comm_volume(
+    strategy: str,
+    *,
+    batch: int,
+    seq_len: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cp_size: int,
+    dtype="bfloat16",
+    id_bytes: int = 4,
+    schedule: str = "te",
+) -> CommVolume:
     """Every collective of ``strategy`` (``ring``, ``allgather``, ``ulysses``) with per-rank bytes.
 
     Why: the volume decides whether CP can be communication-bound; see the module
@@ -198,7 +251,10 @@ def comm_volume(strategy: str, *, batch: int, seq_len: int, num_q_heads: int, nu
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {STRATEGIES}.")
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or 'reference'.")
+        raise ValueError(
+            f"schedule={schedule!r} is unknown; use 'te' (TransformerEngine's primitives) or"
+            " 'reference'."
+        )
     s = _shards(batch, seq_len, num_q_heads, num_kv_heads, head_dim, cp_size, dtype, id_bytes)
     cp = cp_size
     T = []
@@ -253,16 +309,39 @@ def comm_volume(strategy: str, *, batch: int, seq_len: int, num_q_heads: int, nu
 
 def comm_for_workload(workload, strategy: str, *, cp_size=None, schedule: str = "te") -> CommVolume:
     """:func:`comm_volume` for a :class:`~tutorial_utils.perfmodel.workload.Workload`."""
-    return comm_volume(strategy, batch=workload.batch, seq_len=workload.seq_len, num_q_heads=workload.num_q_heads,
-                       num_kv_heads=workload.num_kv_heads, head_dim=workload.head_dim,
-                       cp_size=workload.cp_size if cp_size is None else cp_size, dtype=workload.dtype, schedule=schedule)
+    return comm_volume(
+        strategy,
+        batch=workload.batch,
+        seq_len=workload.seq_len,
+        num_q_heads=workload.num_q_heads,
+        num_kv_heads=workload.num_kv_heads,
+        head_dim=workload.head_dim,
+        cp_size=workload.cp_size if cp_size is None else cp_size,
+        dtype=workload.dtype,
+        schedule=schedule,
+    )
 
 
-_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4,
-              "s64": 8, "u64": 8, "f64": 8}
+_HLO_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 _HLO_OPS = ("all-gather", "reduce-scatter", "all-to-all", "collective-permute", "all-reduce")
-_HLO_LINE = re.compile(r"=\s*(?P<type>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
-                       r"(?P<op>all-gather|reduce-scatter|all-to-all|collective-permute|all-reduce)\(")
+_HLO_LINE = re.compile(
+    r"=\s*(?P<type>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<op>all-gather|reduce-scatter|all-to-all|collective-permute|all-reduce)\("
+)
 _HLO_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 _HLO_GROUPS = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
 
@@ -271,7 +350,10 @@ def _hlo_type_bytes(text: str) -> int:
     total = 0
     for dtype, dims in _HLO_ARRAY.findall(text):
         if dtype not in _HLO_BYTES:
-            raise ValueError(f"HLO element type {dtype!r} is not known to hlo_collective_bytes; add it to _HLO_BYTES.")
+            raise ValueError(
+                f"HLO element type {dtype!r} is not known to hlo_collective_bytes; add it to"
+                " _HLO_BYTES."
+            )
         n = 1
         for d in filter(None, dims.split(",")):
             n *= int(d)
@@ -279,7 +361,7 @@ def _hlo_type_bytes(text: str) -> int:
     return total
 
 
-def hlo_collective_bytes(hlo_text: str, cp_size: int) -> Dict[str, Dict[str, int]]:
+def hlo_collective_bytes(hlo_text: str, cp_size: int) -> dict[str, dict[str, int]]:
     """Per-rank bytes sent by every synchronous collective in an HLO module's text, by op kind.
 
     Why: the only way to know what a ``shard_map`` program really moves is to read the

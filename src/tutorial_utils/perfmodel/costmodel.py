@@ -1,4 +1,5 @@
-"""A small, fitted cost model for CP attention: single-device time, per-strategy time, and why they differ.
+"""A small, fitted cost model for CP attention: single-device time, per-strategy time, and why they
+differ.
 
 Why: the question "does CP pay off for *my* shapes on *my* GPUs?" needs a number before
 anyone books four GPUs. The model is built from exact counts (:mod:`.workcount`: tiles
@@ -7,9 +8,11 @@ parameters as there are measurements to fit them on. It then reports *why* a str
 misses the ideal ``cp``-fold speedup, as an additive breakdown:
 
     predicted = ideal (single / cp)
-              + fragmentation   (extra tiles the CP layout touches; stripe-1 AllGather is the extreme)
+              + fragmentation   (extra tiles the CP layout touches; stripe-1 AllGather is the
+              extreme)
               + imbalance       (the slowest rank, or each ring step's slowest rank, vs the mean)
-              + cp_overhead     (the fitted CP efficiency loss: everything the counts do not explain)
+              + cp_overhead     (the fitted CP efficiency loss: everything the counts do not
+              explain)
               + comm_exposed    (transfer time not hidden under compute)
 
 How the model works:
@@ -77,13 +80,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Dict, Optional
 
 import numpy as np
 
+from tutorial_utils.inputs import fixed_slot_segments
 from tutorial_utils.perfmodel.comm import comm_volume, dtype_bytes, ring_step_bytes
 from tutorial_utils.perfmodel.hardware import HardwareProfile, get_hardware
-from tutorial_utils.inputs import fixed_slot_segments
 from tutorial_utils.perfmodel.workcount import BWD_FWD_RATIO, count_work
 from tutorial_utils.perfmodel.workload import Workload, get_workload
 
@@ -130,8 +132,17 @@ def _counts(batch, seq_len, slots, valid, window, cp, layout, stripe, tile):
 
 
 def _wl_counts(wl: Workload, cp: int, layout: str, stripe: int, tile):
-    return _counts(wl.batch, wl.seq_len, wl.segments_per_row, wl.valid_per_slot, tuple(wl.window), cp, layout,
-                   stripe, tuple(tile))
+    return _counts(
+        wl.batch,
+        wl.seq_len,
+        wl.segments_per_row,
+        wl.valid_per_slot,
+        tuple(wl.window),
+        cp,
+        layout,
+        stripe,
+        tuple(tile),
+    )
 
 
 def _tile_seconds(wl: Workload, hw: HardwareProfile, eta: float, tile) -> float:
@@ -149,15 +160,15 @@ class Calibration:
     """Fitted parameters, what each was fitted on, and the fit's residuals."""
 
     eta: float
-    cp_factor: Dict[str, float]      # kappa per strategy: CP kernel efficiency / single-GPU efficiency
+    cp_factor: dict[str, float]  # kappa per strategy: CP kernel efficiency / single-GPU efficiency
     reference_hardware: str
     tile: tuple
-    fitted_on: Dict[str, str]
-    residuals: Dict[str, float]      # predicted/published - 1, per published number
-    shared_kappa: float              # diagnostic: one kappa for both CP strategies (least squares, log space)
-    shared_residuals: Dict[str, float]
-    cp_loss: str = "proportional"    # "constant": the CP loss is cp_loss_ms per strategy, kappa is 1
-    cp_loss_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
+    fitted_on: dict[str, str]
+    residuals: dict[str, float]  # predicted/published - 1, per published number
+    shared_kappa: float  # diagnostic: one kappa for both CP strategies (least squares, log space)
+    shared_residuals: dict[str, float]
+    cp_loss: str = "proportional"  # "constant": the CP loss is cp_loss_ms per strategy, kappa is 1
+    cp_loss_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def cross_strategy_error(self) -> float:
@@ -227,7 +238,12 @@ def fit_calibration(tile=DEFAULT_TILE, cp_loss: str = "proportional") -> Calibra
     single_tiles = int(_wl_counts(wl, 1, "contiguous", 1, tile).allgather_tiles[0])
     flops = single_tiles * _tile_seconds(wl, hw, 1.0, tile) * hw.peak_flops
     eta = flops / (PUBLISHED_GB200["single_ms"] * 1e-3 * hw.peak_flops)
-    fitted_on = {"eta": f"single-GPU fwd+bwd {PUBLISHED_GB200['single_ms']:.2f} ms (TE tutorial, 1x GB200, seed)"}
+    fitted_on = {
+        "eta": (
+            f"single-GPU fwd+bwd {PUBLISHED_GB200['single_ms']:.2f} ms (TE tutorial, 1x GB200,"
+            " seed)"
+        )
+    }
 
     base = Calibration(eta, {}, "GB200", tile, {}, {}, 1.0, {})
     factors = {}
@@ -241,36 +257,69 @@ def fit_calibration(tile=DEFAULT_TILE, cp_loss: str = "proportional") -> Calibra
 
         factors[strategy] = _bisect(f, 1e-3, 10.0)
         fitted_on[f"cp_factor[{strategy}]"] = (
-            f"{strategy} stripe {pub['stripe_size']} fwd+bwd {meas:.2f} ms (TE tutorial, 4x GB200, seed)")
+            f"{strategy} stripe {pub['stripe_size']} fwd+bwd {meas:.2f} ms (TE tutorial, 4x GB200,"
+            " seed)"
+        )
 
     # the stated error: one kappa for both CP strategies, so only the counts tell them apart
     def sse(k):
         c = dataclasses.replace(base, cp_factor={"ring": k, "allgather": k})
-        return sum((math.log(_raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, c, cp))
-                    - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
+        return sum(
+            (
+                math.log(_raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, c, cp))
+                - math.log(PUBLISHED_GB200[s]["mean_ms"])
+            )
+            ** 2
+            for s in ("ring", "allgather")
+        )
 
     shared = _golden_min(sse, 0.05, 3.0)
     shared_cal = dataclasses.replace(base, cp_factor={"ring": shared, "allgather": shared})
-    shared_res = {s: _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, shared_cal, cp)
-                  / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
+    shared_res = {
+        s: (
+            _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, shared_cal, cp)
+            / PUBLISHED_GB200[s]["mean_ms"]
+            - 1.0
+        )
+        for s in ("ring", "allgather")
+    }
     factors["ulysses"] = shared
-    fitted_on["cp_factor[ulysses]"] = "not measured: the shared kappa (least squares on both CP times) is reused"
+    fitted_on["cp_factor[ulysses]"] = (
+        "not measured: the shared kappa (least squares on both CP times) is reused"
+    )
 
-    cal = dataclasses.replace(base, cp_factor=factors, fitted_on=fitted_on, shared_kappa=shared,
-                              shared_residuals=shared_res)
-    residuals = {"single": predict_single(wl, hw, cal)["predicted_ms"] / PUBLISHED_GB200["single_ms"] - 1.0}
+    cal = dataclasses.replace(
+        base,
+        cp_factor=factors,
+        fitted_on=fitted_on,
+        shared_kappa=shared,
+        shared_residuals=shared_res,
+    )
+    residuals = {
+        "single": predict_single(wl, hw, cal)["predicted_ms"] / PUBLISHED_GB200["single_ms"] - 1.0
+    }
     for s in ("ring", "allgather"):
-        residuals[s] = _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, cal, cp) / PUBLISHED_GB200[s]["mean_ms"] - 1.0
+        residuals[s] = (
+            _raw_cp_ms(wl, s, PUBLISHED_GB200[s]["stripe_size"], hw, cal, cp)
+            / PUBLISHED_GB200[s]["mean_ms"]
+            - 1.0
+        )
     return dataclasses.replace(cal, residuals=residuals)
 
 
 def _fit_constant_loss(prop: Calibration) -> Calibration:
-    """The constant-milliseconds reading of TE's times, with ``prop``'s ``eta`` (same single-GPU fit)."""
+    """The constant-milliseconds reading of TE's times, with ``prop``'s ``eta`` (same single-GPU
+    fit)."""
     wl = get_workload("seed")
     hw = get_hardware(PUBLISHED_GB200["hardware"])
     cp = PUBLISHED_GB200["cp_size"]
-    base = dataclasses.replace(prop, cp_factor={}, cp_loss="constant", fitted_on={"eta": prop.fitted_on["eta"]},
-                               shared_kappa=1.0)
+    base = dataclasses.replace(
+        prop,
+        cp_factor={},
+        cp_loss="constant",
+        fitted_on={"eta": prop.fitted_on["eta"]},
+        shared_kappa=1.0,
+    )
 
     def raw(strategy, loss_ms):
         c = dataclasses.replace(base, cp_loss_ms={strategy: loss_ms})
@@ -279,18 +328,33 @@ def _fit_constant_loss(prop: Calibration) -> Calibration:
     losses, fitted_on = {}, dict(base.fitted_on)
     for strategy in ("ring", "allgather"):
         pub = PUBLISHED_GB200[strategy]
-        losses[strategy] = pub["mean_ms"] - raw(strategy, 0.0)   # exact: the time is linear in the loss
+        losses[strategy] = pub["mean_ms"] - raw(
+            strategy, 0.0
+        )  # exact: the time is linear in the loss
         fitted_on[f"cp_loss_ms[{strategy}]"] = (
-            f"{strategy} stripe {pub['stripe_size']} fwd+bwd {pub['mean_ms']:.2f} ms (TE tutorial, 4x GB200, seed)")
+            f"{strategy} stripe {pub['stripe_size']} fwd+bwd {pub['mean_ms']:.2f} ms (TE tutorial,"
+            " 4x GB200, seed)"
+        )
 
     def sse(c):
-        return sum((math.log(raw(s, c)) - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2 for s in ("ring", "allgather"))
+        return sum(
+            (math.log(raw(s, c)) - math.log(PUBLISHED_GB200[s]["mean_ms"])) ** 2
+            for s in ("ring", "allgather")
+        )
 
-    shared = _golden_min(sse, 0.0, max(PUBLISHED_GB200[s]["mean_ms"] for s in ("ring", "allgather")))
-    shared_res = {s: raw(s, shared) / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")}
+    shared = _golden_min(
+        sse, 0.0, max(PUBLISHED_GB200[s]["mean_ms"] for s in ("ring", "allgather"))
+    )
+    shared_res = {
+        s: raw(s, shared) / PUBLISHED_GB200[s]["mean_ms"] - 1.0 for s in ("ring", "allgather")
+    }
     losses["ulysses"] = shared
-    fitted_on["cp_loss_ms[ulysses]"] = "not measured: the shared constant (least squares on both CP times) is reused"
-    cal = dataclasses.replace(base, cp_loss_ms=losses, fitted_on=fitted_on, shared_residuals=shared_res)
+    fitted_on["cp_loss_ms[ulysses]"] = (
+        "not measured: the shared constant (least squares on both CP times) is reused"
+    )
+    cal = dataclasses.replace(
+        base, cp_loss_ms=losses, fitted_on=fitted_on, shared_residuals=shared_res
+    )
     residuals = {"single": prop.residuals["single"]}
     for s in ("ring", "allgather"):
         residuals[s] = raw(s, losses[s]) / PUBLISHED_GB200[s]["mean_ms"] - 1.0
@@ -300,12 +364,12 @@ def _fit_constant_loss(prop: Calibration) -> Calibration:
 # --------------------------------------------------------------------------------------------
 # memory
 
-_LSE_BYTES = 4   # TE's softmax_aux: float32, one value per query row and head
-_ID_BYTES = 4    # int32 segment ids and segment positions
+_LSE_BYTES = 4  # TE's softmax_aux: float32, one value per query row and head
+_ID_BYTES = 4  # int32 segment ids and segment positions
 MEMORY_STRATEGIES = ("single", "ring", "allgather", "ulysses")
 
 
-def memory_bytes(workload, strategy: str = "single", *, cp_size: Optional[int] = None) -> dict:
+def memory_bytes(workload, strategy: str = "single", *, cp_size: int | None = None) -> dict:
     """Peak bytes of the attention tensors on one rank, itemized per phase.
 
     Why: CP is often needed because one GPU cannot *hold* the sequence, not because it is
@@ -317,20 +381,25 @@ def memory_bytes(workload, strategy: str = "single", *, cp_size: Optional[int] =
     """
     wl = get_workload(workload) if isinstance(workload, str) else workload
     if not isinstance(wl, Workload):
-        raise ValueError(f"workload={workload!r} must be a Workload or a preset name such as 'seed'.")
+        raise ValueError(
+            f"workload={workload!r} must be a Workload or a preset name such as 'seed'."
+        )
     if strategy not in MEMORY_STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {MEMORY_STRATEGIES}.")
     cp = 1 if strategy == "single" else (wl.cp_size if cp_size is None else cp_size)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp_size must be a positive integer, got cp_size={cp!r}.")
     if wl.seq_len % cp:
-        raise ValueError(f"seq_len={wl.seq_len} is not divisible by cp_size={cp}; pad rows to a multiple of {cp}.")
+        raise ValueError(
+            f"seq_len={wl.seq_len} is not divisible by cp_size={cp}; pad rows to a multiple of"
+            f" {cp}."
+        )
     e = dtype_bytes(wl.dtype)
-    tokens = wl.batch * wl.seq_len // cp                   # local tokens (all rows)
-    q = tokens * wl.num_q_heads * wl.head_dim * e          # one of Q, O, dO, dQ (local shard)
-    kv = tokens * wl.num_kv_heads * wl.head_dim * e        # one of K, V, dK, dV (local shard)
-    lse = tokens * wl.num_q_heads * _LSE_BYTES             # softmax statistics of the local queries
-    ids = tokens * _ID_BYTES                               # one of segment ids, segment pos (local)
+    tokens = wl.batch * wl.seq_len // cp  # local tokens (all rows)
+    q = tokens * wl.num_q_heads * wl.head_dim * e  # one of Q, O, dO, dQ (local shard)
+    kv = tokens * wl.num_kv_heads * wl.head_dim * e  # one of K, V, dK, dV (local shard)
+    lse = tokens * wl.num_q_heads * _LSE_BYTES  # softmax statistics of the local queries
+    ids = tokens * _ID_BYTES  # one of segment ids, segment pos (local)
     fwd = {"Q": q, "K,V": 2 * kv, "O": q, "LSE (fp32)": lse, "segment ids,pos (int32)": 2 * ids}
     bwd = dict(fwd, **{"dO": q, "dQ": q, "dK,dV": 2 * kv})
     if strategy == "ring":
@@ -358,9 +427,16 @@ def memory_bytes(workload, strategy: str = "single", *, cp_size: Optional[int] =
         bwd["ulysses: head-sharded dO,dQ"] = 2 * q
         bwd["ulysses: head-sharded dK,dV"] = 2 * kv
     f, b = int(sum(fwd.values())), int(sum(bwd.values()))
-    return {"strategy": strategy, "cp_size": cp, "peak_bytes": max(f, b), "peak_phase": "bwd" if b >= f else "fwd",
-            "fwd_bytes": f, "bwd_bytes": b, "fwd": {k: int(v) for k, v in fwd.items()},
-            "bwd": {k: int(v) for k, v in bwd.items()}}
+    return {
+        "strategy": strategy,
+        "cp_size": cp,
+        "peak_bytes": max(f, b),
+        "peak_phase": "bwd" if b >= f else "fwd",
+        "fwd_bytes": f,
+        "bwd_bytes": b,
+        "fwd": {k: int(v) for k, v in fwd.items()},
+        "bwd": {k: int(v) for k, v in bwd.items()},
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,27 +448,29 @@ class Prediction:
     """One strategy x stripe on one workload and GPU; ``None`` times when not applicable."""
 
     strategy: str
-    stripe_size: Optional[int]
+    stripe_size: int | None
     cp_size: int
     hardware: str
     applicable: bool
     reason: str
-    predicted_ms: Optional[float] = None
-    single_ms: Optional[float] = None
-    speedup: Optional[float] = None
-    bytes_per_rank: Optional[int] = None
-    breakdown: Optional[Dict[str, float]] = None
-    imbalance: Optional[float] = None
-    tile_efficiency: Optional[float] = None
+    predicted_ms: float | None = None
+    single_ms: float | None = None
+    speedup: float | None = None
+    bytes_per_rank: int | None = None
+    breakdown: dict[str, float] | None = None
+    imbalance: float | None = None
+    tile_efficiency: float | None = None
     measured: bool = False
-    memory_bytes_per_rank: Optional[int] = None
+    memory_bytes_per_rank: int | None = None
 
     def as_dict(self) -> dict:
         """Plain-JSON view of the prediction and its breakdown."""
         return dataclasses.asdict(self)
 
 
-def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfile, cal: Calibration, cp: int) -> dict:
+def _parts(
+    wl: Workload, strategy: str, stripe: int | None, hw: HardwareProfile, cal: Calibration, cp: int
+) -> dict:
     """Compute, overhead and communication pieces of one CP strategy (times in ms)."""
     tile = cal.tile
     t_tile = _tile_seconds(wl, hw, cal.eta, tile) * 1e3
@@ -400,23 +478,40 @@ def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfi
     kappa = 1.0 if constant else cal.cp_factor.get(strategy, 1.0)
     single_tiles = int(_wl_counts(wl, 1, "contiguous", 1, tile).allgather_tiles[0])
     bw = hw.link_bytes_per_s
-    vol = comm_volume(strategy, batch=wl.batch, seq_len=wl.seq_len, num_q_heads=wl.num_q_heads,
-                      num_kv_heads=wl.num_kv_heads, head_dim=wl.head_dim, cp_size=cp, dtype=wl.dtype, schedule="te")
+    vol = comm_volume(
+        strategy,
+        batch=wl.batch,
+        seq_len=wl.seq_len,
+        num_q_heads=wl.num_q_heads,
+        num_kv_heads=wl.num_kv_heads,
+        head_dim=wl.head_dim,
+        cp_size=cp,
+        dtype=wl.dtype,
+        schedule="te",
+    )
     comm_total = vol.total_sent / bw * 1e3
     if strategy == "ring":
         wc = _wl_counts(wl, cp, "striped", 1, tile)
-        step_tiles = wc.ring_tiles.max(axis=0)            # lock-stepped: each step waits for its slowest rank
+        step_tiles = wc.ring_tiles.max(axis=0)  # lock-stepped: each step waits for its slowest rank
         slow_tiles = float(step_tiles.sum())
         mean_tiles = float(wc.ring_tiles.sum()) / cp
         step_ms = step_tiles * t_tile / kappa
-        kw = dict(batch=wl.batch, seq_len=wl.seq_len, num_kv_heads=wl.num_kv_heads, head_dim=wl.head_dim, cp_size=cp,
-                  dtype=wl.dtype)
+        kw = dict(
+            batch=wl.batch,
+            seq_len=wl.seq_len,
+            num_kv_heads=wl.num_kv_heads,
+            head_dim=wl.head_dim,
+            cp_size=cp,
+            dtype=wl.dtype,
+        )
         hop_f = ring_step_bytes("fwd", **kw) / bw * 1e3
         hop_b = ring_step_bytes("bwd", **kw) / bw * 1e3
         fwd_exposed = sum(max(0.0, hop_f - step_ms[t - 1] * _FWD_SHARE) for t in range(1, cp))
         bwd_exposed = sum(max(0.0, hop_b - step_ms[t] * (1 - _FWD_SHARE)) for t in range(cp))
-        kv_shard = wl.batch * (wl.seq_len // cp) * wl.num_kv_heads * wl.head_dim * dtype_bytes(wl.dtype)
-        home = 2 * kv_shard / bw * 1e3                    # final dK|dV hop home: nothing left to hide it under
+        kv_shard = (
+            wl.batch * (wl.seq_len // cp) * wl.num_kv_heads * wl.head_dim * dtype_bytes(wl.dtype)
+        )
+        home = 2 * kv_shard / bw * 1e3  # final dK|dV hop home: nothing left to hide it under
         exposed = fwd_exposed + bwd_exposed + home
         imbalance, tile_eff = wc.imbalance("ring"), wc.tile_efficiency("ring")
     elif strategy == "allgather":
@@ -428,7 +523,10 @@ def _parts(wl: Workload, strategy: str, stripe: Optional[int], hw: HardwareProfi
     elif strategy == "ulysses":
         slow_tiles = mean_tiles = single_tiles / cp
         exposed = comm_total
-        imbalance, tile_eff = 1.0, _wl_counts(wl, 1, "contiguous", 1, tile).tile_efficiency("allgather")
+        imbalance, tile_eff = (
+            1.0,
+            _wl_counts(wl, 1, "contiguous", 1, tile).tile_efficiency("allgather"),
+        )
     else:
         raise ValueError(f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses'.")
     compute = slow_tiles * t_tile
@@ -455,14 +553,17 @@ def _raw_cp_ms(wl, strategy, stripe, hw, cal, cp) -> float:
 def _resolve(workload, hardware, calibration):
     wl = get_workload(workload) if isinstance(workload, str) else workload
     if not isinstance(wl, Workload):
-        raise ValueError(f"workload={workload!r} must be a Workload or a preset name such as 'seed'.")
+        raise ValueError(
+            f"workload={workload!r} must be a Workload or a preset name such as 'seed'."
+        )
     hw = get_hardware(hardware)
     cal = fit_calibration() if calibration is None else calibration
     return wl, hw, cal
 
 
-def predict_single(workload, hardware="GB200", calibration: Optional[Calibration] = None) -> dict:
-    """Predicted one-GPU fwd+bwd time of the whole workload (``predicted_ms``, ``tflops``, ``tiles``).
+def predict_single(workload, hardware="GB200", calibration: Calibration | None = None) -> dict:
+    """Predicted one-GPU fwd+bwd time of the whole workload (``predicted_ms``, ``tflops``,
+    ``tiles``).
 
     ``memory_bytes`` is the one device's peak attention memory (:func:`memory_bytes`); the
     time is predicted whether or not that fits in HBM, so callers must check.
@@ -472,12 +573,18 @@ def predict_single(workload, hardware="GB200", calibration: Optional[Calibration
     tiles = int(wc.allgather_tiles[0])
     ms = tiles * _tile_seconds(wl, hw, cal.eta, cal.tile) * 1e3
     useful = wc.total_pairs * 4.0 * wl.head_dim * wl.num_q_heads * (1 + BWD_FWD_RATIO)
-    return {"predicted_ms": ms, "tiles": tiles, "visible_pairs": wc.total_pairs, "flops": useful,
-            "tflops_per_s": useful / (ms * 1e-3) / 1e12, "tile_efficiency": wc.tile_efficiency("allgather"),
-            "memory_bytes": memory_bytes(wl, "single")["peak_bytes"]}
+    return {
+        "predicted_ms": ms,
+        "tiles": tiles,
+        "visible_pairs": wc.total_pairs,
+        "flops": useful,
+        "tflops_per_s": useful / (ms * 1e-3) / 1e12,
+        "tile_efficiency": wc.tile_efficiency("allgather"),
+        "memory_bytes": memory_bytes(wl, "single")["peak_bytes"],
+    }
 
 
-def _applicability(wl: Workload, strategy: str, stripe: Optional[int], cp: int) -> str:
+def _applicability(wl: Workload, strategy: str, stripe: int | None, cp: int) -> str:
     if cp < 2:
         return f"cp_size={cp}: context parallelism needs at least 2 ranks"
     if wl.seq_len % cp:
@@ -487,26 +594,41 @@ def _applicability(wl: Workload, strategy: str, stripe: Optional[int], cp: int) 
             return f"stripe_size={stripe}: TE's THD Ring only supports stripe_size=1"
         left = wl.window[0]
         if left != -1 and left < cp - 1:
-            return f"window left={left} < cp_size-1={cp - 1}: TE's Ring + sliding window gives wrong masks"
+            return (
+                f"window left={left} < cp_size-1={cp - 1}: TE's Ring + sliding window gives wrong"
+                " masks"
+            )
     elif strategy == "allgather":
         if not isinstance(stripe, int) or stripe < 1:
             return f"stripe_size={stripe!r} must be a positive integer for AllGather"
         if wl.seq_len % (cp * stripe):
             return f"seq_len={wl.seq_len} is not divisible by cp_size*stripe_size={cp * stripe}"
         if wl.slot_len % (cp * stripe):
-            return (f"segment slots of {wl.slot_len} tokens do not start at multiples of cp_size*stripe_size="
-                    f"{cp * stripe}; TE's AllGather THD path can pair the wrong keys")
+            return (
+                f"segment slots of {wl.slot_len} tokens do not start at multiples of"
+                f" cp_size*stripe_size={cp * stripe}; TE's AllGather THD path can pair the wrong"
+                " keys"
+            )
     elif strategy == "ulysses":
         for name, heads in (("num_q_heads", wl.num_q_heads), ("num_kv_heads", wl.num_kv_heads)):
             if heads % cp:
-                return f"{name}={heads} is not divisible by cp_size={cp}: Ulysses splits whole heads"
+                return (
+                    f"{name}={heads} is not divisible by cp_size={cp}: Ulysses splits whole heads"
+                )
     else:
         raise ValueError(f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses'.")
     return ""
 
 
-def predict(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware="GB200", cp_size: Optional[int] = None,
-            calibration: Optional[Calibration] = None) -> Prediction:
+def predict(
+    workload,
+    strategy: str,
+    *,
+    stripe_size: int | None = 1,
+    hardware="GB200",
+    cp_size: int | None = None,
+    calibration: Calibration | None = None,
+) -> Prediction:
     """Predicted fwd+bwd time, speedup over one GPU, bytes per rank and the breakdown of the gap.
 
     Why: one call answers "is this configuration worth running", and the breakdown says
@@ -524,25 +646,61 @@ def predict(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware
     p = _parts(wl, strategy, stripe, hw, cal, cp)
     total = p["_total"]
     breakdown = {k: v for k, v in p.items() if not k.startswith("_")}
-    measured = (wl == get_workload("seed") and cp == PUBLISHED_GB200["cp_size"]
-                and hw.name == get_hardware("GB200").name and strategy in ("ring", "allgather")
-                and stripe == PUBLISHED_GB200[strategy]["stripe_size"])
-    note = "model prediction (CP factor fitted on this published point)" if measured else (
-        "model prediction (unmeasured strategy: shared CP factor)" if strategy == "ulysses" else "model prediction")
-    return Prediction(strategy, stripe, cp, hw.name, True, note, predicted_ms=total, single_ms=single,
-                      speedup=single / total, bytes_per_rank=int(p["_bytes"]), breakdown=breakdown,
-                      imbalance=float(p["_imbalance"]), tile_efficiency=float(p["_tile_eff"]), measured=measured,
-                      memory_bytes_per_rank=memory_bytes(wl, strategy, cp_size=cp)["peak_bytes"])
+    measured = (
+        wl == get_workload("seed")
+        and cp == PUBLISHED_GB200["cp_size"]
+        and hw.name == get_hardware("GB200").name
+        and strategy in ("ring", "allgather")
+        and stripe == PUBLISHED_GB200[strategy]["stripe_size"]
+    )
+    note = (
+        "model prediction (CP factor fitted on this published point)"
+        if measured
+        else (
+            "model prediction (unmeasured strategy: shared CP factor)"
+            if strategy == "ulysses"
+            else "model prediction"
+        )
+    )
+    return Prediction(
+        strategy,
+        stripe,
+        cp,
+        hw.name,
+        True,
+        note,
+        predicted_ms=total,
+        single_ms=single,
+        speedup=single / total,
+        bytes_per_rank=int(p["_bytes"]),
+        breakdown=breakdown,
+        imbalance=float(p["_imbalance"]),
+        tile_efficiency=float(p["_tile_eff"]),
+        measured=measured,
+        memory_bytes_per_rank=memory_bytes(wl, strategy, cp_size=cp)["peak_bytes"],
+    )
 
 
-def predict_all(workload, *, hardware="GB200", stripes=(1, 64, 128, 256, 512, 1024), cp_size: Optional[int] = None,
-                calibration: Optional[Calibration] = None):
+def predict_all(
+    workload,
+    *,
+    hardware="GB200",
+    stripes=(1, 64, 128, 256, 512, 1024),
+    cp_size: int | None = None,
+    calibration: Calibration | None = None,
+):
     """Predictions for Ring (stripe 1), AllGather (each stripe) and Ulysses, applicable or not."""
     wl, hw, cal = _resolve(workload, hardware, calibration)
     rows = [predict(wl, "ring", stripe_size=1, hardware=hw, cp_size=cp_size, calibration=cal)]
     for st in stripes:
-        rows.append(predict(wl, "allgather", stripe_size=int(st), hardware=hw, cp_size=cp_size, calibration=cal))
-    rows.append(predict(wl, "ulysses", stripe_size=None, hardware=hw, cp_size=cp_size, calibration=cal))
+        rows.append(
+            predict(
+                wl, "allgather", stripe_size=int(st), hardware=hw, cp_size=cp_size, calibration=cal
+            )
+        )
+    rows.append(
+        predict(wl, "ulysses", stripe_size=None, hardware=hw, cp_size=cp_size, calibration=cal)
+    )
     return rows
 
 
@@ -553,7 +711,7 @@ def predict_all(workload, *, hardware="GB200", stripes=(1, 64, 128, 256, 512, 10
 DEFAULT_CASES = (("ring", 1), ("allgather", 128), ("allgather", 512))
 
 
-def published_points(value: str = "speedup") -> Dict[tuple, float]:
+def published_points(value: str = "speedup") -> dict[tuple, float]:
     """TE's published 4xGB200 CP results on the seed workload, keyed like :data:`DEFAULT_CASES`.
 
     Why: figures mark the published points next to the model's bars and curves; the keys
@@ -563,8 +721,12 @@ def published_points(value: str = "speedup") -> Dict[tuple, float]:
     if value not in ("speedup", "ms"):
         raise ValueError(f"value={value!r} is unknown; use 'speedup' or 'ms'.")
     pub = PUBLISHED_GB200
-    return {(s, pub[s]["stripe_size"]): pub[s]["mean_ms"] if value == "ms" else pub["single_ms"] / pub[s]["mean_ms"]
-            for s in ("ring", "allgather")}
+    return {
+        (s, pub[s]["stripe_size"]): (
+            pub[s]["mean_ms"] if value == "ms" else pub["single_ms"] / pub[s]["mean_ms"]
+        )
+        for s in ("ring", "allgather")
+    }
 
 
 def _with_field(wl: Workload, field: str, value) -> Workload:
@@ -573,8 +735,10 @@ def _with_field(wl: Workload, field: str, value) -> Workload:
     try:
         return wl.replace(**{field: value})
     except TypeError:
-        raise ValueError(f"field={field!r} is not a Workload field; use one of "
-                         f"{[f.name for f in dataclasses.fields(Workload)]}.") from None
+        raise ValueError(
+            f"field={field!r} is not a Workload field; use one of "
+            f"{[f.name for f in dataclasses.fields(Workload)]}."
+        ) from None
 
 
 def _speedup(wl: Workload, strategy: str, stripe, hardware, calibration) -> float:
@@ -582,8 +746,15 @@ def _speedup(wl: Workload, strategy: str, stripe, hardware, calibration) -> floa
     return p.speedup if p.applicable else float("nan")
 
 
-def speedup_sweep(workload, field: str, values, *, cases=DEFAULT_CASES, hardware="GB200",
-                  calibration: Optional[Calibration] = None) -> dict:
+def speedup_sweep(
+    workload,
+    field: str,
+    values,
+    *,
+    cases=DEFAULT_CASES,
+    hardware="GB200",
+    calibration: Calibration | None = None,
+) -> dict:
     """Predicted speedup over one GPU while one field of the workload takes each of ``values``.
 
     Why: "does CP pay off" turns on one knob at a time (the window, the segment length,
@@ -600,14 +771,26 @@ def speedup_sweep(workload, field: str, values, *, cases=DEFAULT_CASES, hardware
     shapes = [_with_field(wl, field, v) for v in values]
     base = getattr(wl, field)
     return {
-        "field": field, "values": values, "base": base[0] if field == "window" else base, "hardware": hw.name,
+        "field": field,
+        "values": values,
+        "base": base[0] if field == "window" else base,
+        "hardware": hw.name,
         "cp_size": wl.cp_size,
-        "speedup": {(s, st): np.array([_speedup(w, s, st, hw, cal) for w in shapes]) for s, st in cases},
+        "speedup": {
+            (s, st): np.array([_speedup(w, s, st, hw, cal) for w in shapes]) for s, st in cases
+        },
     }
 
 
-def break_even_window(workload, strategy: str, *, stripe_size: Optional[int] = 1, hardware="GB200",
-                      calibration: Optional[Calibration] = None, min_window: Optional[int] = None) -> Optional[int]:
+def break_even_window(
+    workload,
+    strategy: str,
+    *,
+    stripe_size: int | None = 1,
+    hardware="GB200",
+    calibration: Calibration | None = None,
+    min_window: int | None = None,
+) -> int | None:
     """The narrowest causal window from which on the model predicts CP faster than one GPU.
 
     Why: the window sets the work per token while the bytes per rank stay fixed, so it is
@@ -623,10 +806,12 @@ def break_even_window(workload, strategy: str, *, stripe_size: Optional[int] = 1
     lo = wl.cp_size - 1 if strategy == "ring" else 0
     if min_window is not None:
         if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window < 0:
-            raise ValueError(f"min_window={min_window!r} must be a non-negative int (a left window in tokens).")
+            raise ValueError(
+                f"min_window={min_window!r} must be a non-negative int (a left window in tokens)."
+            )
         lo = max(lo, min_window)
     hi = max(lo, wl.valid_per_slot - 1)
-    grid = sorted({lo, hi} | {2 ** k for k in range(hi.bit_length()) if lo < 2 ** k < hi})
+    grid = sorted({lo, hi} | {2**k for k in range(hi.bit_length()) if lo < 2**k < hi})
 
     def wins(w: int) -> bool:
         return _speedup(wl.replace(window=(w, 0)), strategy, stripe_size, hw, cal) > 1.0
@@ -636,7 +821,7 @@ def break_even_window(workload, strategy: str, *, stripe_size: Optional[int] = 1
         return lo
     if losing[-1] == len(grid) - 1:
         return None
-    a, b = grid[losing[-1]], grid[losing[-1] + 1]   # CP loses at a, wins at b
+    a, b = grid[losing[-1]], grid[losing[-1] + 1]  # CP loses at a, wins at b
     while b - a > 1:
         mid = (a + b) // 2
         a, b = (a, mid) if wins(mid) else (mid, b)

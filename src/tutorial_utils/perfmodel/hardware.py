@@ -9,7 +9,6 @@ string so a reader can check it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict
 
 __all__ = ["HardwareProfile", "PROFILES", "get_hardware"]
 
@@ -26,7 +25,7 @@ class HardwareProfile:
     nvlink_gbps_per_direction: float
     hbm_gb: float
     hbm_tbps: float
-    sources: Dict[str, str]
+    sources: dict[str, str]
 
     @property
     def peak_flops(self) -> float:
@@ -48,40 +47,77 @@ class HardwareProfile:
         return dataclasses.asdict(self)
 
 
-PROFILES: Dict[str, HardwareProfile] = {
+PROFILES: dict[str, HardwareProfile] = {
     "H100": HardwareProfile(
-        name="H100 SXM", bf16_dense_tflops=989.0, nvlink_gbps_per_direction=450.0, hbm_gb=80.0, hbm_tbps=3.35,
+        name="H100 SXM",
+        bf16_dense_tflops=989.0,
+        nvlink_gbps_per_direction=450.0,
+        hbm_gb=80.0,
+        hbm_tbps=3.35,
         sources={
-            "bf16_dense_tflops": f"{_ML_ENG} compute/accelerator/README.md TFLOPS table (989 dense; 1,979 is with sparsity); {_SCALING}",
-            "nvlink_gbps_per_direction": f"{_ML_ENG} network/README.md NVLink table (NVLink4 450 GB/s per direction, 900 bidirectional); {_SCALING} (18 links x 25 GB/s)",
+            "bf16_dense_tflops": (
+                f"{_ML_ENG} compute/accelerator/README.md TFLOPS table (989 dense; 1,979 is with"
+                f" sparsity); {_SCALING}"
+            ),
+            "nvlink_gbps_per_direction": (
+                f"{_ML_ENG} network/README.md NVLink table (NVLink4 450 GB/s per direction, 900"
+                f" bidirectional); {_SCALING} (18 links x 25 GB/s)"
+            ),
             "hbm_gb": f"{_ML_ENG} compute/accelerator/README.md",
             "hbm_tbps": f"{_ML_ENG} compute/accelerator/README.md",
         },
     ),
     "H200": HardwareProfile(
-        name="H200 SXM", bf16_dense_tflops=989.0, nvlink_gbps_per_direction=450.0, hbm_gb=141.0, hbm_tbps=4.8,
+        name="H200 SXM",
+        bf16_dense_tflops=989.0,
+        nvlink_gbps_per_direction=450.0,
+        hbm_gb=141.0,
+        hbm_tbps=4.8,
         sources={
-            "bf16_dense_tflops": f"{_ML_ENG} compute/accelerator/README.md (same compute as H100: 989 dense)",
-            "nvlink_gbps_per_direction": f"{_ML_ENG} network/README.md (NVLink4 450/900 GB/s; 396 GB/s measured per direction on 8xH200)",
+            "bf16_dense_tflops": (
+                f"{_ML_ENG} compute/accelerator/README.md (same compute as H100: 989 dense)"
+            ),
+            "nvlink_gbps_per_direction": (
+                f"{_ML_ENG} network/README.md (NVLink4 450/900 GB/s; 396 GB/s measured per"
+                " direction on 8xH200)"
+            ),
             "hbm_gb": f"{_ML_ENG} compute/accelerator/README.md",
             "hbm_tbps": f"{_ML_ENG} compute/accelerator/README.md",
         },
     ),
     "B200": HardwareProfile(
-        name="B200 SXM", bf16_dense_tflops=2250.0, nvlink_gbps_per_direction=900.0, hbm_gb=180.0, hbm_tbps=8.0,
+        name="B200 SXM",
+        bf16_dense_tflops=2250.0,
+        nvlink_gbps_per_direction=900.0,
+        hbm_gb=180.0,
+        hbm_tbps=8.0,
         sources={
-            "bf16_dense_tflops": f"{_ML_ENG} compute/accelerator/README.md TFLOPS table (2,250 dense); {_SCALING} lists 2.3e15",
-            "nvlink_gbps_per_direction": f"{_ML_ENG} network/README.md (NVLink5 900/1,800 GB/s); {_SCALING} (NVLink5 doubles NVLink4)",
+            "bf16_dense_tflops": (
+                f"{_ML_ENG} compute/accelerator/README.md TFLOPS table (2,250 dense);"
+                f" {_SCALING} lists 2.3e15"
+            ),
+            "nvlink_gbps_per_direction": (
+                f"{_ML_ENG} network/README.md (NVLink5 900/1,800 GB/s); {_SCALING} (NVLink5 doubles"
+                " NVLink4)"
+            ),
             "hbm_gb": f"{_ML_ENG} compute/accelerator/README.md (180 GB usable)",
             "hbm_tbps": f"{_ML_ENG} compute/accelerator/README.md",
         },
     ),
     "GB200": HardwareProfile(
-        name="GB200 (per Blackwell GPU)", bf16_dense_tflops=2500.0, nvlink_gbps_per_direction=900.0, hbm_gb=186.0,
+        name="GB200 (per Blackwell GPU)",
+        bf16_dense_tflops=2500.0,
+        nvlink_gbps_per_direction=900.0,
+        hbm_gb=186.0,
         hbm_tbps=8.0,
         sources={
-            "bf16_dense_tflops": f"{_ML_ENG} compute/accelerator/README.md TFLOPS table, per-chip note (2,500 dense); {_SCALING} Appendix A",
-            "nvlink_gbps_per_direction": f"{_ML_ENG} network/README.md (NVLink5 900/1,800 GB/s, 72-GPU NVLink domain)",
+            "bf16_dense_tflops": (
+                f"{_ML_ENG} compute/accelerator/README.md TFLOPS table, per-chip note (2,500"
+                f" dense); {_SCALING} Appendix A"
+            ),
+            "nvlink_gbps_per_direction": (
+                f"{_ML_ENG} network/README.md (NVLink5 900/1,800 GB/s, 72-GPU NVLink domain)"
+            ),
             "hbm_gb": f"{_ML_ENG} compute/accelerator/README.md",
             "hbm_tbps": f"{_ML_ENG} compute/accelerator/README.md",
         },
@@ -90,7 +126,8 @@ PROFILES: Dict[str, HardwareProfile] = {
 
 
 def get_hardware(name) -> HardwareProfile:
-    """Profile by short name (``H100``, ``H200``, ``B200``, ``GB200``; case-insensitive), or pass one through."""
+    """Profile by short name (``H100``, ``H200``, ``B200``, ``GB200``; case-insensitive), or pass
+    one through."""
     if isinstance(name, HardwareProfile):
         return name
     key = str(name).upper().replace(" ", "").replace("SXM", "")

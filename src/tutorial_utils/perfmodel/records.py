@@ -36,9 +36,10 @@ import json
 import math
 import os
 import re
-from pathlib import Path
 import subprocess
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 __all__ = [
     "SCHEMA",
@@ -71,7 +72,6 @@ SOURCE_TITLES = {
 }
 
 
-
 def source_for(platform: str, backend_kind: str, emulated: bool = False) -> str:
     """The honest ``source`` of a run: where it ran and what computed the attention.
 
@@ -81,8 +81,10 @@ def source_for(platform: str, backend_kind: str, emulated: bool = False) -> str:
     if platform not in ("cpu", "gpu"):
         raise ValueError(f"platform={platform!r} must be 'cpu' or 'gpu' (jax.default_backend()).")
     if backend_kind not in ("te", "te-cpu", "reference"):
-        raise ValueError(f"backend_kind={backend_kind!r} must be 'te', 'te-cpu' or 'reference' "
-                         "(tutorial_utils.te.backend_kind()).")
+        raise ValueError(
+            f"backend_kind={backend_kind!r} must be 'te', 'te-cpu' or 'reference' "
+            "(tutorial_utils.te.backend_kind())."
+        )
     if platform == "gpu":
         if backend_kind != "te":
             return "gpu-reference"
@@ -94,7 +96,7 @@ _CONFIG_INT_FIELDS = ("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_d
 _RESULT_OPTIONAL_POSITIVE = ("min_ms", "median_ms", "speedup")
 _RESULT_OPTIONAL_NONNEGATIVE = ("std_ms", "tflops", "max_abs_err")
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def _is_int(value: Any) -> bool:
@@ -117,13 +119,17 @@ def _check_iso(field: str, value: Any) -> None:
     try:
         _dt.datetime.fromisoformat(text)
     except ValueError:
-        _fail(field, "must be an ISO 8601 date-time string such as '2026-11-29T07:30:00+00:00'", value)
+        _fail(
+            field, "must be an ISO 8601 date-time string such as '2026-11-29T07:30:00+00:00'", value
+        )
 
 
 def validate_record(record: Any) -> None:
     """Raise ``ValueError`` naming the first field of ``record`` that breaks ``cp-bench/1``."""
     if not isinstance(record, dict):
-        raise ValueError(f"cp-bench record must be a JSON object (dict), got {type(record).__name__}.")
+        raise ValueError(
+            f"cp-bench record must be a JSON object (dict), got {type(record).__name__}."
+        )
     if record.get("schema") != SCHEMA:
         _fail("schema", f"must be {SCHEMA!r}", record.get("schema"))
 
@@ -141,7 +147,11 @@ def validate_record(record: Any) -> None:
         _check_iso("created", record["created"])
 
     if not isinstance(record.get("hardware"), dict):
-        _fail("hardware", "must be an object (e.g. tutorial_utils.pages.runtime.environment_record())", record.get("hardware"))
+        _fail(
+            "hardware",
+            "must be an object (e.g. tutorial_utils.pages.runtime.environment_record())",
+            record.get("hardware"),
+        )
 
     config = record.get("config")
     if not isinstance(config, dict):
@@ -152,14 +162,25 @@ def validate_record(record: Any) -> None:
         if not _is_int(config[key]) or config[key] < 1:
             _fail(f"config.{key}", "must be a positive integer", config[key])
     if config["num_q_heads"] % config["num_kv_heads"]:
-        _fail("config.num_kv_heads", f"must divide num_q_heads={config['num_q_heads']}", config["num_kv_heads"])
+        _fail(
+            "config.num_kv_heads",
+            f"must divide num_q_heads={config['num_q_heads']}",
+            config["num_kv_heads"],
+        )
     if not isinstance(config.get("dtype"), str) or not config.get("dtype"):
         _fail("config.dtype", "must be a dtype name such as 'bfloat16'", config.get("dtype"))
     if config.get("window") is not None:
         window = config["window"]
-        if (not isinstance(window, (list, tuple)) or len(window) != 2
-                or not all(_is_int(w) and w >= -1 for w in window)):
-            _fail("config.window", "must be null or [left, right] with ints >= -1 (-1 = unbounded)", window)
+        if (
+            not isinstance(window, (list, tuple))
+            or len(window) != 2
+            or not all(_is_int(w) and w >= -1 for w in window)
+        ):
+            _fail(
+                "config.window",
+                "must be null or [left, right] with ints >= -1 (-1 = unbounded)",
+                window,
+            )
 
     if "timing" in record:
         timing = record["timing"]
@@ -185,7 +206,11 @@ def validate_record(record: Any) -> None:
             _fail(where, "must be an object", row)
         strategy = row.get("strategy")
         if not isinstance(strategy, str) or not strategy.strip():
-            _fail(f"{where}.strategy", "must be a non-empty string such as 'ring' or 'allgather'", strategy)
+            _fail(
+                f"{where}.strategy",
+                "must be a non-empty string such as 'ring' or 'allgather'",
+                strategy,
+            )
         stripe = row.get("stripe_size")
         if stripe is not None and (not _is_int(stripe) or stripe < 1):
             _fail(f"{where}.stripe_size", "must be a positive integer or null", stripe)
@@ -210,8 +235,9 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if not str(k).startswith("_")}
 
 
-def write_record(record: dict, directory: PathLike = "results", name: Optional[str] = None,
-                 overwrite: bool = True) -> Path:
+def write_record(
+    record: dict, directory: PathLike = "results", name: str | None = None, overwrite: bool = True
+) -> Path:
     """Validate ``record`` and write it as pretty-printed JSON; return the file's path.
 
     ``schema`` is filled in when missing, and so is ``created`` (now, UTC) for every source
@@ -224,19 +250,23 @@ def write_record(record: dict, directory: PathLike = "results", name: Optional[s
     out = _public(record)
     out.setdefault("schema", SCHEMA)
     if out.get("source") != "published":
-        out.setdefault("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        out.setdefault("created", _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     validate_record(out)
     if name is None:
         name = f"{out['source']}-{_slug(out['label'])}.json"
     if os.sep in name or (os.altsep and os.altsep in name):
-        raise ValueError(f"name={name!r} must be a file name, not a path; pass the folder as directory=.")
+        raise ValueError(
+            f"name={name!r} must be a file name, not a path; pass the folder as directory=."
+        )
     if not name.endswith(".json"):
         name += ".json"
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass another name (or overwrite=True / --force).")
+        raise FileExistsError(
+            f"{path} already exists; pass another name (or overwrite=True / --force)."
+        )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
@@ -277,11 +307,15 @@ def _read_one(path: Path, validate: bool) -> Any:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a record is a JSON file.") from err
+        raise ValueError(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a record is a JSON file."
+        ) from err
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err}).") from err
     except RecursionError as err:
-        raise ValueError(f"{path}: JSON nested too deeply to read; a record is a flat object.") from err
+        raise ValueError(
+            f"{path}: JSON nested too deeply to read; a record is a flat object."
+        ) from err
     except OSError as err:
         raise ValueError(f"{path}: cannot be read ({err.strerror or err}).") from err
     if validate:
@@ -294,16 +328,18 @@ def _read_one(path: Path, validate: bool) -> Any:
     return record
 
 
-def _records_folder(directory: Optional[PathLike]) -> Path:
+def _records_folder(directory: PathLike | None) -> Path:
     folder = Path(directory) if directory is not None else default_results_dir()
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise FileNotFoundError(f"records folder {folder} {what}; pass the folder that holds the *.json "
-                                "records (or set CP_TUTORIAL_RESULTS).")
+        raise FileNotFoundError(
+            f"records folder {folder} {what}; pass the folder that holds the *.json "
+            "records (or set CP_TUTORIAL_RESULTS)."
+        )
     return folder
 
 
-def read_records(directory: Optional[PathLike] = None) -> Tuple[List[dict], List[Tuple[Path, str]]]:
+def read_records(directory: PathLike | None = None) -> tuple[list[dict], list[tuple[Path, str]]]:
     """``(records, problems)``: every valid record, and ``(path, message)`` for each bad file.
 
     Why: one malformed file must not hide the others. The benchmarks page shows each
@@ -318,7 +354,7 @@ def read_records(directory: Optional[PathLike] = None) -> Tuple[List[dict], List
     return records, problems
 
 
-def load_records(directory: Optional[PathLike] = None, validate: bool = True) -> List[dict]:
+def load_records(directory: PathLike | None = None, validate: bool = True) -> list[dict]:
     """Every ``*.json`` record in ``directory`` (default: :func:`default_results_dir`).
 
     Records are returned sorted by file name, each with ``_path`` (the file it came from)
@@ -329,7 +365,7 @@ def load_records(directory: Optional[PathLike] = None, validate: bool = True) ->
     return [_read_one(path, validate) for path in sorted(_records_folder(directory).glob("*.json"))]
 
 
-def committed_problems(problems: Iterable[Tuple[Path, str]]) -> List[str]:
+def committed_problems(problems: Iterable[tuple[Path, str]]) -> list[str]:
     """The problems whose file git tracks: a bad *committed* record must fail the build.
 
     A reader's own uncommitted record is only shown as an error box. Without git (an
@@ -339,8 +375,15 @@ def committed_problems(problems: Iterable[Tuple[Path, str]]) -> List[str]:
     for path, message in problems:
         try:
             # 0: tracked, 1: untracked; anything else (no repository here) counts as committed
-            tracked = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent,
-                                     capture_output=True, check=False).returncode != 1
+            tracked = (
+                subprocess.run(
+                    ["git", "ls-files", "--error-unmatch", path.name],
+                    cwd=path.parent,
+                    capture_output=True,
+                    check=False,
+                ).returncode
+                != 1
+            )
         except OSError:
             tracked = True
         if tracked:
@@ -354,9 +397,9 @@ def source_title(record: dict) -> str:
     return f"{title}: {record.get('label', '')}".rstrip(": ")
 
 
-def group_by_source(records: Iterable[dict]) -> Dict[str, List[dict]]:
+def group_by_source(records: Iterable[dict]) -> dict[str, list[dict]]:
     """Records grouped by ``source``, in the order of :data:`SOURCES` (unknown sources last)."""
-    groups: Dict[str, List[dict]] = {s: [] for s in SOURCES}
+    groups: dict[str, list[dict]] = {s: [] for s in SOURCES}
     for record in records:
         groups.setdefault(record.get("source"), []).append(record)
     return {s: rs for s, rs in groups.items() if rs}

@@ -12,19 +12,22 @@ from __future__ import annotations
 import datetime as _dt
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["time_fn", "make_record"]
 
 
 def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
-    """Time ``fn(*args)``: first call (compile) timed apart, ``warmup`` untimed calls, ``iters`` timed calls."""
+    """Time ``fn(*args)``: first call (compile) timed apart, ``warmup`` untimed calls, ``iters``
+    timed calls."""
     import jax
 
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be an int >= 0.")
     if not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters={iters!r} must be an int >= 1 (timing needs at least one iteration).")
+        raise ValueError(
+            f"iters={iters!r} must be an int >= 1 (timing needs at least one iteration)."
+        )
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     compile_ms = (time.perf_counter() - t0) * 1e3
@@ -46,8 +49,16 @@ def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
     }
 
 
-def make_record(label: str, source: str, config: dict, results: Sequence[dict], *, warmup: Optional[int] = None,
-                iters: Optional[int] = None, notes: str = "") -> dict:
+def make_record(
+    label: str,
+    source: str,
+    config: dict,
+    results: Sequence[dict],
+    *,
+    warmup: int | None = None,
+    iters: int | None = None,
+    notes: str = "",
+) -> dict:
     """A ``cp-bench/1`` record with this machine's hardware and software facts."""
     from tutorial_utils.pages.runtime import environment_record
 
@@ -55,10 +66,15 @@ def make_record(label: str, source: str, config: dict, results: Sequence[dict], 
         "schema": "cp-bench/1",
         "source": source,
         "label": label,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "hardware": environment_record(),
         "config": dict(config),
-        "timing": {"warmup_iters": warmup, "timing_iters": iters, "compile_excluded": True, "block_until_ready": True},
+        "timing": {
+            "warmup_iters": warmup,
+            "timing_iters": iters,
+            "compile_excluded": True,
+            "block_until_ready": True,
+        },
         "results": [dict(r) for r in results],
     }
     if notes:

@@ -26,7 +26,6 @@ Counts are **per query head**; multiply by ``num_q_heads`` (or use :func:`attent
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -61,7 +60,10 @@ BWD_FWD_RATIO = 2.5
 
 def _check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is unknown; use one of {LAYOUTS} (striped = TE's ReorderStrategy.Striped).")
+        raise ValueError(
+            f"layout={layout!r} is unknown; use one of {LAYOUTS} (striped = TE's"
+            " ReorderStrategy.Striped)."
+        )
     return layout
 
 
@@ -71,7 +73,7 @@ def _check_positive_int(name: str, value) -> int:
     return int(value)
 
 
-def _check_ids_pos(segment_ids, segment_pos) -> Tuple[np.ndarray, np.ndarray]:
+def _check_ids_pos(segment_ids, segment_pos) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(segment_ids)
     pos = np.asarray(segment_pos)
     if ids.ndim == 1:
@@ -79,21 +81,29 @@ def _check_ids_pos(segment_ids, segment_pos) -> Tuple[np.ndarray, np.ndarray]:
     if pos.ndim == 1:
         pos = pos[None]
     if ids.ndim != 2:
-        raise ValueError(f"segment_ids must be [batch, seq] (or [seq]), got shape {ids.shape}; reshape it to 2-D.")
+        raise ValueError(
+            f"segment_ids must be [batch, seq] (or [seq]), got shape {ids.shape}; reshape it to"
+            " 2-D."
+        )
     if pos.shape != ids.shape:
         raise ValueError(
-            f"segment_pos has shape {pos.shape} but segment_ids has shape {ids.shape}; pass one position per token."
+            f"segment_pos has shape {pos.shape} but segment_ids has shape {ids.shape}; pass one"
+            " position per token."
         )
     if not np.issubdtype(ids.dtype, np.integer) or not np.issubdtype(pos.dtype, np.integer):
         raise ValueError(
-            f"segment_ids/segment_pos must be integer arrays, got {ids.dtype}/{pos.dtype}; convert with .astype(np.int32)."
+            f"segment_ids/segment_pos must be integer arrays, got {ids.dtype}/{pos.dtype}; convert"
+            " with .astype(np.int32)."
         )
     if ids.size and ids.min() < 0:
-        raise ValueError(f"segment_ids has a negative id {int(ids.min())}; use 0 for padding and 1..N for segments.")
+        raise ValueError(
+            f"segment_ids has a negative id {int(ids.min())}; use 0 for padding and 1..N for"
+            " segments."
+        )
     return ids.astype(np.int64), pos.astype(np.int64)
 
 
-def _check_tile(tile) -> Tuple[int, int]:
+def _check_tile(tile) -> tuple[int, int]:
     if isinstance(tile, (int, np.integer)) and not isinstance(tile, bool):
         tile = (tile, tile)
     if not isinstance(tile, (tuple, list)) or len(tile) != 2:
@@ -105,7 +115,9 @@ def _check_tile(tile) -> Tuple[int, int]:
 # layouts
 
 
-def local_token_order(seq_len: int, cp_size: int, layout: str = "striped", stripe_size: int = 1) -> np.ndarray:
+def local_token_order(
+    seq_len: int, cp_size: int, layout: str = "striped", stripe_size: int = 1
+) -> np.ndarray:
     """``[cp, seq_len/cp]``: the original token indices each rank holds, in its local memory order.
 
     Why: a rank's kernel sees its tokens in this order, which decides both its share of
@@ -115,11 +127,16 @@ def local_token_order(seq_len: int, cp_size: int, layout: str = "striped", strip
     cp = _check_positive_int("cp_size", cp_size)
     layout = _check_layout(layout)
     if seq_len % cp:
-        raise ValueError(f"seq_len={seq_len} is not divisible by cp_size={cp}; pad the rows to a multiple of {cp}.")
+        raise ValueError(
+            f"seq_len={seq_len} is not divisible by cp_size={cp}; pad the rows to a multiple of"
+            f" {cp}."
+        )
     if layout == "contiguous":
         return np.arange(seq_len).reshape(cp, -1)
     if layout == "striped":
-        return rank_token_indices(seq_len, ReorderStrategy.Striped, cp, _check_positive_int("stripe_size", stripe_size))
+        return rank_token_indices(
+            seq_len, ReorderStrategy.Striped, cp, _check_positive_int("stripe_size", stripe_size)
+        )
     return rank_token_indices(seq_len, ReorderStrategy.DualChunkSwap, cp, None)
 
 
@@ -144,13 +161,14 @@ class _Coder:
         self.group_start = self.group * self.span
         self.size = int(self.code.max()) + 1 if self.code.size else 1  # codes lie in [0, size)
 
-    def below(self, mask: np.ndarray) -> "_Below":
+    def below(self, mask: np.ndarray) -> _Below:
         """Running counts of the valid keys where ``mask`` holds."""
         return _Below(self.code[mask & self.valid], self.size)
 
 
 class _Below:
-    """How many of a set of integer codes are < x (``left``) or <= x (``right``), as ``np.searchsorted`` gives.
+    """How many of a set of integer codes are < x (``left``) or <= x (``right``), as
+    ``np.searchsorted`` gives.
 
     Why: the cost model counts a million queries against every rank's keys, and binary searches
     on unsorted queries were a third of its time. Codes are dense (row, segment, position)
@@ -170,11 +188,19 @@ class _Below:
 
     def left(self, x: np.ndarray) -> np.ndarray:
         """Codes < x (``searchsorted(..., side="left")``)."""
-        return self._table[x] if self._sorted is None else np.searchsorted(self._sorted, x, side="left")
+        return (
+            self._table[x]
+            if self._sorted is None
+            else np.searchsorted(self._sorted, x, side="left")
+        )
 
     def right(self, x: np.ndarray) -> np.ndarray:
         """Codes <= x (``searchsorted(..., side="right")``)."""
-        return self._table[x + 1] if self._sorted is None else np.searchsorted(self._sorted, x, side="right")
+        return (
+            self._table[x + 1]
+            if self._sorted is None
+            else np.searchsorted(self._sorted, x, side="right")
+        )
 
 
 def _distinct_sorted(values: np.ndarray) -> int:
@@ -215,8 +241,15 @@ def total_visible_pairs(segment_ids, segment_pos, window=(-1, 0)) -> int:
     return int(visible_pairs_per_query(segment_ids, segment_pos, window).sum())
 
 
-def pair_matrix(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int, layout: str = "striped",
-                stripe_size: int = 1) -> np.ndarray:
+def pair_matrix(
+    segment_ids,
+    segment_pos,
+    window=(-1, 0),
+    *,
+    cp_size: int,
+    layout: str = "striped",
+    stripe_size: int = 1,
+) -> np.ndarray:
     """``M[q_rank, kv_rank]``: visible pairs whose query lives on ``q_rank`` and key on ``kv_rank``.
 
     Why: every CP strategy is a way of visiting this matrix. AllGather rank r does row r in
@@ -232,12 +265,15 @@ def pair_matrix(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int, layou
     for k in range(cp):
         codes_k = coder.below(q_rank == k)
         counts = np.where(coder.valid, _counts_in(codes_k, coder.lo, coder.hi), 0)
-        out[:, k] = np.bincount(q_rank.reshape(-1), weights=counts.reshape(-1), minlength=cp).astype(np.int64)
+        out[:, k] = np.bincount(
+            q_rank.reshape(-1), weights=counts.reshape(-1), minlength=cp
+        ).astype(np.int64)
     return out
 
 
 def ring_step_pairs(matrix: np.ndarray) -> np.ndarray:
-    """``[rank, step]`` pairs from a :func:`pair_matrix`: at step t rank r holds rank (r-t) mod cp's KV."""
+    """``[rank, step]`` pairs from a :func:`pair_matrix`: at step t rank r holds rank (r-t) mod cp's
+    KV."""
     m = np.asarray(matrix)
     cp = m.shape[0]
     r = np.arange(cp)[:, None]
@@ -272,7 +308,8 @@ def _tile_counts(run_id, row_in_run, lo, hi, tq: int, tk: int, owner: np.ndarray
     prev_b[1:] = b[:-1]
     new = np.where(first, b - a + 1, np.maximum(0, b - np.maximum(a, prev_b + 1) + 1))
     touched += np.bincount(owner[sel], weights=new, minlength=n_owner).astype(np.int64)
-    # full: a complete q tile whose rows are all non-empty; full kv tiles lie inside every row's range
+    # full: a complete q tile whose rows are all non-empty; full kv tiles lie inside every row's
+    # range
     boundaries = np.nonzero(np.r_[True, tile_key[1:] != tile_key[:-1]])[0]
     ends = np.r_[boundaries[1:], tile_key.size] - 1
     sizes = ends - boundaries + 1
@@ -294,8 +331,11 @@ def _runs_allgather(ids_loc: np.ndarray, pos_loc: np.ndarray):
     """
     valid = ids_loc > 0
     start = valid.copy()
-    start[..., 1:] &= ~((ids_loc[..., 1:] == ids_loc[..., :-1]) & (pos_loc[..., 1:] == pos_loc[..., :-1] + 1)
-                        & valid[..., :-1])
+    start[..., 1:] &= ~(
+        (ids_loc[..., 1:] == ids_loc[..., :-1])
+        & (pos_loc[..., 1:] == pos_loc[..., :-1] + 1)
+        & valid[..., :-1]
+    )
     return _runs_from_starts(start, valid)
 
 
@@ -336,18 +376,18 @@ class WorkCount:
     cp_size: int
     layout: str
     stripe_size: int
-    window: Tuple[int, int]
-    tile: Optional[Tuple[int, int]]
+    window: tuple[int, int]
+    tile: tuple[int, int] | None
     total_pairs: int
-    pair_matrix: np.ndarray            # [q_rank, kv_rank]
-    ring_pairs: np.ndarray             # [rank, step]
-    allgather_pairs: np.ndarray        # [rank]
-    allgather_runs: np.ndarray         # [rank] query runs (pos-contiguous, same segment)
-    ring_runs: np.ndarray              # [rank] query runs (one per local segment piece)
-    allgather_tiles: Optional[np.ndarray] = None       # [rank]
-    allgather_full_tiles: Optional[np.ndarray] = None  # [rank]
-    ring_tiles: Optional[np.ndarray] = None            # [rank, step]
-    ring_full_tiles: Optional[np.ndarray] = None       # [rank, step]
+    pair_matrix: np.ndarray  # [q_rank, kv_rank]
+    ring_pairs: np.ndarray  # [rank, step]
+    allgather_pairs: np.ndarray  # [rank]
+    allgather_runs: np.ndarray  # [rank] query runs (pos-contiguous, same segment)
+    ring_runs: np.ndarray  # [rank] query runs (one per local segment piece)
+    allgather_tiles: np.ndarray | None = None  # [rank]
+    allgather_full_tiles: np.ndarray | None = None  # [rank]
+    ring_tiles: np.ndarray | None = None  # [rank, step]
+    ring_full_tiles: np.ndarray | None = None  # [rank, step]
 
     @property
     def tile_area(self) -> int:
@@ -355,7 +395,8 @@ class WorkCount:
         return 0 if self.tile is None else self.tile[0] * self.tile[1]
 
     def imbalance(self, strategy: str = "allgather") -> float:
-        """Slowest rank / mean rank, in pairs. Ring sums each step's slowest rank (steps are lock-stepped)."""
+        """Slowest rank / mean rank, in pairs. Ring sums each step's slowest rank (steps are
+        lock-stepped)."""
         mean = self.total_pairs / self.cp_size
         if mean == 0:
             return 1.0
@@ -366,9 +407,12 @@ class WorkCount:
         raise ValueError(f"strategy={strategy!r} is not 'ring' or 'allgather'.")
 
     def tile_efficiency(self, strategy: str = "allgather") -> float:
-        """Useful pairs / touched tile area over all ranks (1.0 = no masked-out work in touched tiles)."""
+        """Useful pairs / touched tile area over all ranks (1.0 = no masked-out work in touched
+        tiles)."""
         if self.tile is None:
-            raise ValueError("tile_efficiency needs tile counts; call count_work(..., tile=(128, 128)).")
+            raise ValueError(
+                "tile_efficiency needs tile counts; call count_work(..., tile=(128, 128))."
+            )
         tiles = self.ring_tiles.sum() if strategy == "ring" else self.allgather_tiles.sum()
         return float(self.total_pairs / (tiles * self.tile_area)) if tiles else 1.0
 
@@ -377,12 +421,24 @@ class WorkCount:
         d = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            d[f.name] = v.tolist() if isinstance(v, np.ndarray) else (list(v) if isinstance(v, tuple) else v)
+            d[f.name] = (
+                v.tolist()
+                if isinstance(v, np.ndarray)
+                else (list(v) if isinstance(v, tuple) else v)
+            )
         return d
 
 
-def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, layout: str = "striped",
-               stripe_size: int = 1, tile=(128, 128)) -> WorkCount:
+def count_work(
+    segment_ids,
+    segment_pos,
+    window=(-1, 0),
+    *,
+    cp_size: int = 1,
+    layout: str = "striped",
+    stripe_size: int = 1,
+    tile=(128, 128),
+) -> WorkCount:
     """Count pairs per rank and per ring step, runs, and (optionally) touched tiles for one layout.
 
     Why: this is the input of the cost model. ``segment_ids`` / ``segment_pos`` are the
@@ -404,7 +460,7 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
         stripe = 1
     tq, tk = _check_tile(tile) if tile is not None else (None, None)
     batch, seq = ids.shape
-    order = local_token_order(seq, cp, layout, stripe)        # [cp, n]
+    order = local_token_order(seq, cp, layout, stripe)  # [cp, n]
     coder = _Coder(ids, pos, left)
 
     # local (rank-major) views: [cp, batch, n]
@@ -427,7 +483,9 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
     seg_run, seg_row = _runs_by_segment(ids_l)
     ag_run, ag_row = _runs_allgather(ids_l, pos_l)
     # run ids come from a running count, so each rank's are non-decreasing
-    ring_runs = np.array([_distinct_sorted(seg_run[k][seg_run[k] >= 0]) for k in range(cp)], np.int64)
+    ring_runs = np.array(
+        [_distinct_sorted(seg_run[k][seg_run[k] >= 0]) for k in range(cp)], np.int64
+    )
     ag_runs = np.array([_distinct_sorted(ag_run[k][ag_run[k] >= 0]) for k in range(cp)], np.int64)
 
     vq = valid_l.reshape(-1)
@@ -443,8 +501,16 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
             base = codes_k.left(q_gs)
             step = (q_rank - k) % cp  # rank r holds block k at step (r - k) mod cp
             owner = q_rank * cp + step
-            t, f = _tile_counts(seg_run.reshape(-1)[vq], seg_row.reshape(-1)[vq], lo_i - base, hi_i - base,
-                                tq, tk, owner, cp * cp)
+            t, f = _tile_counts(
+                seg_run.reshape(-1)[vq],
+                seg_row.reshape(-1)[vq],
+                lo_i - base,
+                hi_i - base,
+                tq,
+                tk,
+                owner,
+                cp * cp,
+            )
             ring_tiles += t.reshape(cp, cp)
             ring_full += f.reshape(cp, cp)
 
@@ -453,30 +519,63 @@ def count_work(segment_ids, segment_pos, window=(-1, 0), *, cp_size: int = 1, la
         lo_i = all_codes.left(q_lo)
         hi_i = all_codes.right(q_hi) - 1
         base = all_codes.left(q_gs)
-        ag_tiles, ag_full = _tile_counts(ag_run.reshape(-1)[vq], ag_row.reshape(-1)[vq], lo_i - base, hi_i - base,
-                                         tq, tk, q_rank, cp)
+        ag_tiles, ag_full = _tile_counts(
+            ag_run.reshape(-1)[vq],
+            ag_row.reshape(-1)[vq],
+            lo_i - base,
+            hi_i - base,
+            tq,
+            tk,
+            q_rank,
+            cp,
+        )
 
     return WorkCount(
-        cp_size=cp, layout=layout, stripe_size=stripe, window=(left, right),
+        cp_size=cp,
+        layout=layout,
+        stripe_size=stripe,
+        window=(left, right),
         tile=None if tile is None else (tq, tk),
-        total_pairs=int(matrix.sum()), pair_matrix=matrix, ring_pairs=ring_step_pairs(matrix),
-        allgather_pairs=matrix.sum(axis=1), allgather_runs=ag_runs, ring_runs=ring_runs,
-        allgather_tiles=ag_tiles, allgather_full_tiles=ag_full, ring_tiles=ring_tiles, ring_full_tiles=ring_full,
+        total_pairs=int(matrix.sum()),
+        pair_matrix=matrix,
+        ring_pairs=ring_step_pairs(matrix),
+        allgather_pairs=matrix.sum(axis=1),
+        allgather_runs=ag_runs,
+        ring_runs=ring_runs,
+        allgather_tiles=ag_tiles,
+        allgather_full_tiles=ag_full,
+        ring_tiles=ring_tiles,
+        ring_full_tiles=ring_full,
     )
 
 
-def count_workload(workload, *, layout: str = "striped", stripe_size: Optional[int] = None, cp_size: Optional[int] = None,
-                   tile=(128, 128)) -> WorkCount:
-    """:func:`count_work` for a :class:`~tutorial_utils.perfmodel.workload.Workload` (its fixed-slot packing)."""
+def count_workload(
+    workload,
+    *,
+    layout: str = "striped",
+    stripe_size: int | None = None,
+    cp_size: int | None = None,
+    tile=(128, 128),
+) -> WorkCount:
+    """:func:`count_work` for a :class:`~tutorial_utils.perfmodel.workload.Workload` (its fixed-slot
+    packing)."""
     from tutorial_utils.perfmodel.workload import workload_segments
 
     ids, pos = workload_segments(workload)
-    return count_work(ids, pos, workload.window, cp_size=workload.cp_size if cp_size is None else cp_size,
-                      layout=layout, stripe_size=workload.stripe_size if stripe_size is None else stripe_size, tile=tile)
+    return count_work(
+        ids,
+        pos,
+        workload.window,
+        cp_size=workload.cp_size if cp_size is None else cp_size,
+        layout=layout,
+        stripe_size=workload.stripe_size if stripe_size is None else stripe_size,
+        tile=tile,
+    )
 
 
 def attention_flops(pairs, num_q_heads: int, head_dim: int, *, backward: bool = True) -> float:
-    """FLOPs for ``pairs`` visible pairs per head: 4*d per pair per query head forward, x3.5 with backward.
+    """FLOPs for ``pairs`` visible pairs per head: 4*d per pair per query head forward, x3.5 with
+    backward.
 
     Why: the forward does two matmuls (QK^T and PV) at 2 FLOPs per multiply-add; the
     backward does five (2.5x). This is the FlashAttention/Megatron convention, so the

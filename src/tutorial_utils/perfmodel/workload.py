@@ -10,12 +10,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Tuple
 
 from tutorial_utils.inputs import fixed_slot_segments, random_qkv
 
-__all__ = ["Workload", "PRESETS", "get_workload", "preset_from_env", "fit_cp_to_devices", "workload_for_devices",
-           "make_qkv", "workload_segments"]
+__all__ = [
+    "Workload",
+    "PRESETS",
+    "get_workload",
+    "preset_from_env",
+    "fit_cp_to_devices",
+    "workload_for_devices",
+    "make_qkv",
+    "workload_segments",
+]
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -36,7 +43,7 @@ class Workload:
     head_dim: int
     segments_per_row: int
     valid_per_slot: int
-    window: Tuple[int, int] = (-1, 0)
+    window: tuple[int, int] = (-1, 0)
     dtype: str = "bfloat16"
     cp_size: int = 4
     stripe_size: int = 1
@@ -44,36 +51,56 @@ class Workload:
     name: str = "custom"
 
     def __post_init__(self):
-        for field in ("batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim", "segments_per_row", "valid_per_slot", "cp_size", "stripe_size", "ring_stripe_size"):
+        for field in (
+            "batch",
+            "seq_len",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "segments_per_row",
+            "valid_per_slot",
+            "cp_size",
+            "stripe_size",
+            "ring_stripe_size",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Workload.{field} must be a positive integer, got {field}={value!r}.")
+                raise ValueError(
+                    f"Workload.{field} must be a positive integer, got {field}={value!r}."
+                )
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(
-                f"Workload.num_q_heads={self.num_q_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
-                "GQA needs every KV head to serve the same number of query heads."
+                f"Workload.num_q_heads={self.num_q_heads} is not divisible by"
+                f" num_kv_heads={self.num_kv_heads}; GQA needs every KV head to serve the same"
+                " number of query heads."
             )
         if self.seq_len % self.segments_per_row:
             raise ValueError(
-                f"Workload.seq_len={self.seq_len} is not divisible by segments_per_row={self.segments_per_row}; "
-                "choose a slot count that divides the row length."
+                f"Workload.seq_len={self.seq_len} is not divisible by"
+                f" segments_per_row={self.segments_per_row}; choose a slot count that divides the"
+                " row length."
             )
         if self.valid_per_slot > self.slot_len:
             raise ValueError(
-                f"Workload.valid_per_slot={self.valid_per_slot} exceeds the slot length {self.slot_len}; "
-                "it must be at most seq_len/segments_per_row."
+                f"Workload.valid_per_slot={self.valid_per_slot} exceeds the slot length"
+                f" {self.slot_len}; it must be at most seq_len/segments_per_row."
             )
-        from tutorial_utils.validation import check_window  # local import: validation imports nothing from here
+        from tutorial_utils.validation import (
+            check_window,  # local import: validation imports nothing from here
+        )
 
         object.__setattr__(self, "window", check_window(self.window, name="Workload.window"))
         if self.dtype not in _DTYPES:
-            raise ValueError(f"Workload.dtype={self.dtype!r} is not supported; use one of {_DTYPES}.")
+            raise ValueError(
+                f"Workload.dtype={self.dtype!r} is not supported; use one of {_DTYPES}."
+            )
         for stripe_field in ("stripe_size", "ring_stripe_size"):
             stripe = getattr(self, stripe_field)
             if self.seq_len % (self.cp_size * stripe):
                 raise ValueError(
-                    f"Workload.seq_len={self.seq_len} is not divisible by cp_size*{stripe_field}={self.cp_size}*{stripe}; "
-                    f"pad the sequence to a multiple of {self.cp_size * stripe} or pick a smaller {stripe_field}."
+                    f"Workload.seq_len={self.seq_len} is not divisible by"
+                    f" cp_size*{stripe_field}={self.cp_size}*{stripe}; pad the sequence to a"
+                    f" multiple of {self.cp_size * stripe} or pick a smaller {stripe_field}."
                 )
 
     @property
@@ -91,7 +118,7 @@ class Workload:
 
     @property
     def scaling_factor(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim**-0.5
 
     @property
     def jnp_dtype(self):
@@ -103,7 +130,7 @@ class Workload:
         """Stripe size TE's example uses for a strategy: 1 for Ring, ``stripe_size`` otherwise."""
         return self.ring_stripe_size if str(strategy).lower().endswith("ring") else self.stripe_size
 
-    def replace(self, **changes) -> "Workload":
+    def replace(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
@@ -115,21 +142,51 @@ class Workload:
 PRESETS = {
     # TE's published 4-GPU example (run on 4x GB200).
     "seed": Workload(
-        batch=2, seq_len=65536, num_q_heads=128, num_kv_heads=8, head_dim=128,
-        segments_per_row=4, valid_per_slot=12288, window=(8192, 0), dtype="bfloat16",
-        cp_size=4, stripe_size=512, ring_stripe_size=1, name="seed",
+        batch=2,
+        seq_len=65536,
+        num_q_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        segments_per_row=4,
+        valid_per_slot=12288,
+        window=(8192, 0),
+        dtype="bfloat16",
+        cp_size=4,
+        stripe_size=512,
+        ring_stripe_size=1,
+        name="seed",
     ),
     # Same structure (2 rows, 4 padded slots at 3/4 fill, GQA, window = half a slot), CPU sized.
     "cpu": Workload(
-        batch=2, seq_len=2048, num_q_heads=16, num_kv_heads=4, head_dim=32,
-        segments_per_row=4, valid_per_slot=384, window=(256, 0), dtype="bfloat16",
-        cp_size=4, stripe_size=16, ring_stripe_size=1, name="cpu",
+        batch=2,
+        seq_len=2048,
+        num_q_heads=16,
+        num_kv_heads=4,
+        head_dim=32,
+        segments_per_row=4,
+        valid_per_slot=384,
+        window=(256, 0),
+        dtype="bfloat16",
+        cp_size=4,
+        stripe_size=16,
+        ring_stripe_size=1,
+        name="cpu",
     ),
     # Smallest shape with the same structure, for unit tests.
     "tiny": Workload(
-        batch=2, seq_len=256, num_q_heads=8, num_kv_heads=4, head_dim=16,
-        segments_per_row=4, valid_per_slot=48, window=(32, 0), dtype="float32",
-        cp_size=4, stripe_size=4, ring_stripe_size=1, name="tiny",
+        batch=2,
+        seq_len=256,
+        num_q_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+        segments_per_row=4,
+        valid_per_slot=48,
+        window=(32, 0),
+        dtype="float32",
+        cp_size=4,
+        stripe_size=4,
+        ring_stripe_size=1,
+        name="tiny",
     ),
 }
 
@@ -143,10 +200,14 @@ def get_workload(name: str, **overrides) -> Workload:
 
 
 def preset_from_env(default: str = "cpu") -> Workload:
-    """The preset named by ``CP_TUTORIAL_PRESET`` (the one switch between a laptop and a GPU node)."""
+    """The preset named by ``CP_TUTORIAL_PRESET`` (the one switch between a laptop and a GPU
+    node)."""
     name = os.environ.get("CP_TUTORIAL_PRESET", default)
     if name not in PRESETS:
-        raise ValueError(f"CP_TUTORIAL_PRESET={name!r} is unknown; set it to one of {sorted(PRESETS)} or unset it.")
+        raise ValueError(
+            f"CP_TUTORIAL_PRESET={name!r} is unknown; set it to one of {sorted(PRESETS)} or"
+            " unset it."
+        )
     return PRESETS[name]
 
 
@@ -168,15 +229,23 @@ def fit_cp_to_devices(wl: Workload, num_devices: int) -> Workload:
     env = os.environ.get("CP_TUTORIAL_CP", "").strip()
     if env:
         if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"CP_TUTORIAL_CP={env!r} must be a positive integer (the CP mesh size), or unset.")
+            raise ValueError(
+                f"CP_TUTORIAL_CP={env!r} must be a positive integer (the CP mesh size), or unset."
+            )
         cp = int(env)
         if cp > num_devices:
-            raise ValueError(f"CP_TUTORIAL_CP={cp} but only {num_devices} device(s) are visible; set it to at most "
-                             f"{num_devices}, or expose more devices (XLA_FLAGS=--xla_force_host_platform_device_count="
-                             f"{cp} on CPU, before JAX starts).")
+            raise ValueError(
+                f"CP_TUTORIAL_CP={cp} but only {num_devices} device(s) are visible; set it to at"
+                f" most {num_devices}, or expose more devices"
+                f" (XLA_FLAGS=--xla_force_host_platform_device_count={cp} on CPU, before JAX"
+                " starts)."
+            )
         if not _fits(wl, cp):
-            raise ValueError(f"CP_TUTORIAL_CP={cp} does not divide preset {wl.name!r}'s rows of {wl.seq_len} tokens "
-                             f"into stripes of {wl.stripe_size}; pick a power of two up to {num_devices}.")
+            raise ValueError(
+                f"CP_TUTORIAL_CP={cp} does not divide preset {wl.name!r}'s rows of"
+                f" {wl.seq_len} tokens into stripes of {wl.stripe_size}; pick a power of two up to"
+                f" {num_devices}."
+            )
     else:
         cp = max(c for c in range(1, num_devices + 1) if _fits(wl, c))
     return wl.replace(cp_size=cp)
@@ -189,19 +258,31 @@ def workload_for_devices(default: str = "cpu") -> Workload:
     reorders and the ``Backend:`` line all agree on one CP size.
     """
     if "jax" not in sys.modules:
-        raise RuntimeError("workload_for_devices() needs JAX's devices: import jax first (after setup_devices()).")
+        raise RuntimeError(
+            "workload_for_devices() needs JAX's devices: import jax first (after setup_devices())."
+        )
     import jax
 
     return fit_cp_to_devices(preset_from_env(default), len(jax.devices()))
 
 
 def make_qkv(workload: Workload, seed: int = 2026, dtype=None):
-    """The workload's ``q, k, v, dout`` (see :func:`random_qkv`), in its dtype unless ``dtype`` is given."""
+    """The workload's ``q, k, v, dout`` (see :func:`random_qkv`), in its dtype unless ``dtype`` is
+    given."""
     dtype = workload.jnp_dtype if dtype is None else dtype
-    return random_qkv(seed, workload.batch, workload.seq_len, workload.num_q_heads, workload.num_kv_heads,
-                      workload.head_dim, dtype)
+    return random_qkv(
+        seed,
+        workload.batch,
+        workload.seq_len,
+        workload.num_q_heads,
+        workload.num_kv_heads,
+        workload.head_dim,
+        dtype,
+    )
 
 
 def workload_segments(workload: Workload):
     """The workload's fixed-slot packing (TE example layout)."""
-    return fixed_slot_segments(workload.batch, workload.seq_len, workload.segments_per_row, workload.valid_per_slot)
+    return fixed_slot_segments(
+        workload.batch, workload.seq_len, workload.segments_per_row, workload.valid_per_slot
+    )

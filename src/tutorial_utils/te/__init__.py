@@ -11,24 +11,41 @@ wrong. ``TUTORIAL_TE_BACKEND=reference`` selects the pure-JAX re-implementation 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Optional
 
 from . import attention, sharding  # noqa: F401
-from ._backend import REAL_TE, backend_kind, backend_name, using_real_te, using_te_code  # noqa: F401
+from ._backend import (
+    REAL_TE,
+    backend_kind,
+    backend_name,
+    using_real_te,
+    using_te_code,
+)  # noqa: F401
 from .sharding import MeshResource  # noqa: F401
 
-__all__ = ["attention", "sharding", "autocast", "MeshResource", "backend_name", "backend_kind", "using_real_te",
-           "using_te_code"]
+__all__ = [
+    "attention",
+    "sharding",
+    "autocast",
+    "MeshResource",
+    "backend_name",
+    "backend_kind",
+    "using_real_te",
+    "using_te_code",
+]
 
 if REAL_TE is not None:
     autocast = REAL_TE.autocast
 else:
 
     @contextmanager
-    def autocast(enabled: bool = False, recipe=None, mesh_resource: Optional[MeshResource] = None):
+    def autocast(enabled: bool = False, recipe=None, mesh_resource: MeshResource | None = None):
         """Set the global ``MeshResource`` (FP8/FP4 quantisation is not part of the reference)."""
         if enabled or recipe is not None:
-            raise ValueError(f"autocast(enabled={enabled}, recipe={recipe!r}): FP8/FP4 recipes need real TE on a GPU; "
-                             "the reference backend supports enabled=False, recipe=None.")
-        with sharding.global_shard_guard(mesh_resource if mesh_resource is not None else MeshResource()):
+            raise ValueError(
+                f"autocast(enabled={enabled}, recipe={recipe!r}): FP8/FP4 recipes need real TE on a"
+                " GPU; the reference backend supports enabled=False, recipe=None."
+            )
+        with sharding.global_shard_guard(
+            mesh_resource if mesh_resource is not None else MeshResource()
+        ):
             yield

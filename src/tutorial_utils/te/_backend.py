@@ -50,7 +50,9 @@ def _decide():
     """``(module or None, kind, why_not)`` where kind is 'te', 'te-cpu' or 'reference'."""
     choice = os.environ.get(_ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
-        raise ValueError(f"{_ENV}={choice!r} is not one of {CHOICES}; unset it or pick one of those.")
+        raise ValueError(
+            f"{_ENV}={choice!r} is not one of {CHOICES}; unset it or pick one of those."
+        )
     if choice == "reference":
         return None, "reference", ""
     if choice == "te" or (choice == "auto" and gpu_present()):
@@ -59,16 +61,19 @@ def _decide():
         except Exception as err:  # noqa: BLE001 - TE raises many kinds when CUDA/cuDNN are missing
             if choice == "te":
                 raise ImportError(
-                    f"{_ENV}=te but transformer_engine.jax failed to import ({err}). On a CUDA machine run "
-                    "`make gpu-setup` (JAX first, then TE built against it; needs cuDNN >= 9.12 and the CUDA "
-                    "headers), or unset the variable.") from err
+                    f"{_ENV}=te but transformer_engine.jax failed to import ({err}). On a CUDA"
+                    " machine run `make gpu-setup` (JAX first, then TE built against it; needs"
+                    " cuDNN >= 9.12 and the CUDA headers), or unset the variable."
+                ) from err
             return None, "reference", f"TE not used: {str(err).splitlines()[0][:160]}"
     try:
         return _import_te_on_cpu(), "te-cpu", ""
     except Exception as err:  # noqa: BLE001
         if choice == "te-cpu":
-            raise ImportError(f"{_ENV}=te-cpu but TE's JAX code could not be loaded on CPU ({err}). Reinstall the "
-                              "package (`make venv`), which brings transformer-engine==2.20.2 and flax.") from err
+            raise ImportError(
+                f"{_ENV}=te-cpu but TE's JAX code could not be loaded on CPU ({err}). Reinstall the"
+                " package (`make venv`), which brings transformer-engine==2.20.2 and flax."
+            ) from err
         return None, "reference", f"TE-on-CPU not used: {str(err).splitlines()[0][:160]}"
 
 

@@ -15,44 +15,84 @@ from __future__ import annotations
 import enum
 import functools
 import warnings
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..validation import (check_bias, check_gqa_heads, check_qkv, check_scaling_factor, check_seqlens_offsets,
-                          check_window, reorder_mismatch)
+from ..validation import (
+    check_bias,
+    check_gqa_heads,
+    check_qkv,
+    check_scaling_factor,
+    check_seqlens_offsets,
+    check_window,
+    reorder_mismatch,
+)
 from ._backend import REAL_TE
 from .placement import check_placement, guard_placement, pin_sequence
 from .sharding import batch_axes, cp_axis_and_size
 
 __all__ = [
-    "AttnBiasType", "AttnMaskType", "AttnSoftmaxType", "QKVFormat", "QKVLayout", "CPStrategy", "ReorderStrategy",
-    "SequenceDescriptor", "fused_attn", "reorder_causal_load_balancing", "inverse_reorder_causal_load_balancing",
-    "is_fused_attn_kernel_available", "static_checks", "check_scalars", "silent_failure_checks", "reorder_mismatch", "check_call",
+    "AttnBiasType",
+    "AttnMaskType",
+    "AttnSoftmaxType",
+    "QKVFormat",
+    "QKVLayout",
+    "CPStrategy",
+    "ReorderStrategy",
+    "SequenceDescriptor",
+    "fused_attn",
+    "reorder_causal_load_balancing",
+    "inverse_reorder_causal_load_balancing",
+    "is_fused_attn_kernel_available",
+    "static_checks",
+    "check_scalars",
+    "silent_failure_checks",
+    "reorder_mismatch",
+    "check_call",
 ]
 
 
-# ----------------------------------------------------------------------------- checks shared by both backends
+# ----------------------------------------------------------------------------- checks shared by bot
 
 
 def _name(x) -> str:
     return getattr(x, "name", str(x))
 
 
-def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layout, softmax_type, dropout_probability,
-                  max_segments_per_seq, window_size, context_parallel_strategy, context_parallel_causal_load_balanced,
-                  stripe_size, cp_size) -> Tuple[int, int]:
+def static_checks(
+    q_shape,
+    k_shape,
+    *,
+    attn_bias_type,
+    attn_mask_type,
+    qkv_layout,
+    softmax_type,
+    dropout_probability,
+    max_segments_per_seq,
+    window_size,
+    context_parallel_strategy,
+    context_parallel_causal_load_balanced,
+    stripe_size,
+    cp_size,
+) -> tuple[int, int]:
     """Checks that need only static values; raise ``ValueError`` naming parameter, value and fix.
 
     Covers the cases where TE itself would raise an obscure error deep in a primitive, or
     (Ring with ``stripe_size > 1``, Ring + window ``left < cp-1``) would return wrong results.
     """
     window = check_window(window_size)
-    check_scalars(dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq)
+    check_scalars(
+        dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq
+    )
     if len(q_shape) != 4 or len(k_shape) != 4:
-        raise ValueError(f"q and k must be [batch, seq, heads, dim]; got shapes {tuple(q_shape)} and {tuple(k_shape)}.")
+        raise ValueError(
+            f"q and k must be [batch, seq, heads, dim]; got shapes {tuple(q_shape)} and"
+            f" {tuple(k_shape)}."
+        )
     check_gqa_heads(q_shape[2], k_shape[2], name="kv heads (k.shape[2])")
     if stripe_size is not None and (not isinstance(stripe_size, int) or stripe_size < 1):
         raise ValueError(f"stripe_size={stripe_size!r} must be a positive int or None.")
@@ -61,37 +101,71 @@ def static_checks(q_shape, k_shape, *, attn_bias_type, attn_mask_type, qkv_layou
         is_thd = _name(qkv_layout).startswith("T")
         where = f"with context parallelism (cp_size={cp_size})"
         if _name(attn_bias_type) != "NO_BIAS":
-            raise ValueError(f"attn_bias_type={_name(attn_bias_type)} is not supported {where}; use AttnBiasType.NO_BIAS.")
+            raise ValueError(
+                f"attn_bias_type={_name(attn_bias_type)} is not supported {where}; use"
+                " AttnBiasType.NO_BIAS."
+            )
         if float(dropout_probability) != 0.0:
-            raise ValueError(f"dropout_probability={dropout_probability} is not supported {where}; use 0.0.")
+            raise ValueError(
+                f"dropout_probability={dropout_probability} is not supported {where}; use 0.0."
+            )
         if _name(softmax_type) != "VANILLA_SOFTMAX":
-            raise ValueError(f"softmax_type={_name(softmax_type)} is not supported {where}; use AttnSoftmaxType.VANILLA_SOFTMAX.")
+            raise ValueError(
+                f"softmax_type={_name(softmax_type)} is not supported {where}; use"
+                " AttnSoftmaxType.VANILLA_SOFTMAX."
+            )
         if _name(qkv_layout) in ("BS3HD", "T3HD"):
-            raise ValueError(f"qkv_layout={_name(qkv_layout)} (packed QKV) is not supported {where}; use THD_THD_THD, THD_T2HD, "
-                             "BSHD_BSHD_BSHD or BSHD_BS2HD.")
+            raise ValueError(
+                f"qkv_layout={_name(qkv_layout)} (packed QKV) is not supported {where}; use"
+                " THD_THD_THD, THD_T2HD, BSHD_BSHD_BSHD or BSHD_BS2HD."
+            )
         if is_thd:
             if _name(attn_mask_type) != "PADDING_CAUSAL_MASK":
-                raise ValueError(f"attn_mask_type={_name(attn_mask_type)} is not supported for THD layouts {where}; use PADDING_CAUSAL_MASK.")
+                raise ValueError(
+                    f"attn_mask_type={_name(attn_mask_type)} is not supported for THD layouts"
+                    f" {where}; use PADDING_CAUSAL_MASK."
+                )
             if strategy == "RING":
                 _check_thd_ring(stripe_size, window, cp_size)
             if strategy != "RING" and stripe_size is None:
-                raise ValueError("stripe_size=None with THD AllGather context parallelism: striped load balancing needs an explicit "
-                                 "stripe_size (e.g. 1, 128 or 512), the same one used with reorder_causal_load_balancing.")
+                raise ValueError(
+                    "stripe_size=None with THD AllGather context parallelism: striped load"
+                    " balancing needs an explicit stripe_size (e.g. 1, 128 or 512), the same one"
+                    " used with reorder_causal_load_balancing."
+                )
             if not context_parallel_causal_load_balanced:
-                raise ValueError("context_parallel_causal_load_balanced=False with a THD layout: THD context parallelism needs inputs "
-                                 "reordered with reorder_causal_load_balancing(..., ReorderStrategy.Striped) and this flag set to True.")
+                raise ValueError(
+                    "context_parallel_causal_load_balanced=False with a THD layout: THD context"
+                    " parallelism needs inputs reordered with reorder_causal_load_balancing(...,"
+                    " ReorderStrategy.Striped) and this flag set to True."
+                )
         else:
             if _name(attn_mask_type) not in ("NO_MASK", "CAUSAL_MASK"):
-                raise ValueError(f"attn_mask_type={_name(attn_mask_type)} is not supported for BSHD layouts {where}; use NO_MASK or CAUSAL_MASK.")
+                raise ValueError(
+                    f"attn_mask_type={_name(attn_mask_type)} is not supported for BSHD layouts"
+                    f" {where}; use NO_MASK or CAUSAL_MASK."
+                )
             if stripe_size is not None:
-                raise ValueError(f"stripe_size={stripe_size} with a BSHD layout: BSHD uses DualChunkSwap load balancing; pass stripe_size=None.")
+                raise ValueError(
+                    f"stripe_size={stripe_size} with a BSHD layout: BSHD uses DualChunkSwap load"
+                    " balancing; pass stripe_size=None."
+                )
             if window[0] != -1:
-                raise ValueError(f"window_size={window} with a BSHD layout {where}: sliding windows need a THD layout under CP; "
-                                 "use THD_THD_THD with segment ids/positions, or window_size=None.")
+                raise ValueError(
+                    f"window_size={window} with a BSHD layout {where}: sliding windows need a THD"
+                    " layout under CP; use THD_THD_THD with segment ids/positions, or"
+                    " window_size=None."
+                )
             if max_segments_per_seq != 1:
-                raise ValueError(f"max_segments_per_seq={max_segments_per_seq} with a BSHD layout {where}: must be 1.")
+                raise ValueError(
+                    f"max_segments_per_seq={max_segments_per_seq} with a BSHD layout {where}: must"
+                    " be 1."
+                )
         if q_shape[1] % cp_size:
-            raise ValueError(f"sequence length {q_shape[1]} is not divisible by cp_size={cp_size}; pad it to a multiple of cp_size.")
+            raise ValueError(
+                f"sequence length {q_shape[1]} is not divisible by cp_size={cp_size}; pad it to a"
+                " multiple of cp_size."
+            )
     return window
 
 
@@ -102,32 +176,51 @@ def check_scalars(*, dropout_probability, max_segments_per_seq) -> None:
     accepted silently (TE ignores dropout at inference, so a typo survives until training)
     and ``max_segments_per_seq=0`` fails inside JAX with a zero-size reduction.
     """
-    if not isinstance(max_segments_per_seq, int) or isinstance(max_segments_per_seq, bool) or max_segments_per_seq < 1:
-        raise ValueError(f"max_segments_per_seq={max_segments_per_seq!r} must be a positive int (the largest segment "
-                         "id in any row, e.g. 1 for one sequence per row).")
+    if (
+        not isinstance(max_segments_per_seq, int)
+        or isinstance(max_segments_per_seq, bool)
+        or max_segments_per_seq < 1
+    ):
+        raise ValueError(
+            f"max_segments_per_seq={max_segments_per_seq!r} must be a positive int (the largest"
+            " segment id in any row, e.g. 1 for one sequence per row)."
+        )
     try:
         ok = 0.0 <= float(dropout_probability) < 1.0
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ValueError(f"dropout_probability={dropout_probability!r} must be a float in [0, 1), whether or not "
-                         "is_training is set; use 0.0 for no dropout.")
+        raise ValueError(
+            f"dropout_probability={dropout_probability!r} must be a float in [0, 1), whether or not"
+            " is_training is set; use 0.0 for no dropout."
+        )
 
 
 def _check_thd_ring(stripe_size, window, cp_size) -> None:
     """The two THD Ring inputs TE computes wrongly: a stripe above 1, a left window below cp-1."""
     if stripe_size not in (None, 1):
-        raise ValueError(f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
-                         "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
-                         "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes.")
+        raise ValueError(
+            f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
+            "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
+            "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes."
+        )
     if window[0] != -1 and window[0] < cp_size - 1:
-        raise ValueError(f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must "
-                         f"be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or use "
-                         "CPStrategy.ALL_GATHER.")
+        raise ValueError(
+            f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must"
+            f" be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or"
+            " use CPStrategy.ALL_GATHER."
+        )
 
 
-def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
-                          context_parallel_causal_load_balanced, stripe_size, cp_size) -> None:
+def silent_failure_checks(
+    *,
+    qkv_layout,
+    window_size,
+    context_parallel_strategy,
+    context_parallel_causal_load_balanced,
+    stripe_size,
+    cp_size,
+) -> None:
     """Raise ``ValueError`` for CP inputs that TE 2.20.2 accepts and computes wrongly.
 
     Only static values are read, so nothing is added to the traced computation. Each rule
@@ -146,11 +239,12 @@ def silent_failure_checks(*, qkv_layout, window_size, context_parallel_strategy,
     if _name(context_parallel_strategy) == "RING":
         _check_thd_ring(stripe_size, window, cp_size)
     elif not context_parallel_causal_load_balanced:
-        raise ValueError("context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE "
-                         "then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with "
-                         "reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size=..., seq_dim=1, "
-                         "stripe_size=...) and "
-                         "pass context_parallel_causal_load_balanced=True.")
+        raise ValueError(
+            "context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE"
+            " then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with"
+            " reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size=...,"
+            " seq_dim=1, stripe_size=...) and pass context_parallel_causal_load_balanced=True."
+        )
 
 
 def _unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
@@ -160,22 +254,28 @@ def _unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
     checks need shapes only, and slicing would add work to a traced computation).
     """
     if not isinstance(qkv, (tuple, list)) or not 1 <= len(qkv) <= 3:
-        raise ValueError(f"qkv must be a tuple (packed,), (q, kv) or (q, k, v); got {type(qkv).__name__} of length "
-                         f"{len(qkv) if isinstance(qkv, (tuple, list)) else 'n/a'}.")
+        raise ValueError(
+            f"qkv must be a tuple (packed,), (q, kv) or (q, k, v); got {type(qkv).__name__} of"
+            f" length {len(qkv) if isinstance(qkv, (tuple, list)) else 'n/a'}."
+        )
     layout = _name(qkv_layout)
     want = 1 if layout in ("BS3HD", "T3HD") else 2 if layout in ("BSHD_BS2HD", "THD_T2HD") else 3
     if len(qkv) != want:
-        raise ValueError(f"qkv has {len(qkv)} tensors but qkv_layout={layout} needs {want}; pass "
-                         f"{ {1: '(qkv_packed,)', 2: '(q, kv_packed)', 3: '(q, k, v)'}[want] }.")
+        raise ValueError(
+            f"qkv has {len(qkv)} tensors but qkv_layout={layout} needs {want}; pass "
+            f"{ {1: '(qkv_packed,)', 2: '(q, kv_packed)', 3: '(q, k, v)'}[want] }."
+        )
     if want == 3:
         return tuple(qkv)
     packed, n = qkv[-1], 4 - want  # 3 for QKV, 2 for KV
     shape = tuple(getattr(packed, "shape", ()))
     if len(shape) != 5 or shape[2] != n:
         what = "qkv" if n == 3 else "kv"
-        raise ValueError(f"qkv_layout={layout}: the packed {what} tensor has shape {shape or type(packed).__name__}; "
-                         f"it must be [batch, seq, {n}, heads, head_dim], packed on axis 2, e.g. "
-                         f"jnp.stack([{'q, k, v' if n == 3 else 'k, v'}], axis=2).")
+        raise ValueError(
+            f"qkv_layout={layout}: the packed {what} tensor has shape"
+            f" {shape or type(packed).__name__}; it must be [batch, seq, {n}, heads, head_dim],"
+            f" packed on axis 2, e.g. jnp.stack([{'q, k, v' if n == 3 else 'k, v'}], axis=2)."
+        )
     if slice_packed:
         parts = tuple(packed[:, :, i] for i in range(n))
     else:
@@ -191,15 +291,21 @@ def check_call(qkv, bias, sequence_descriptor, *, attn_bias_type, qkv_layout, sc
     and (when concrete, i.e. not traced) THD seqlens/offsets. Returns ``qkv`` with NumPy
     arrays made JAX arrays, so an eager call behaves as under ``jit``.
     """
-    qkv = type(qkv)(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv) if isinstance(qkv, (tuple, list)) else qkv
+    qkv = (
+        type(qkv)(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv)
+        if isinstance(qkv, (tuple, list))
+        else qkv
+    )
     q, k, v = _unpack_qkv(qkv, qkv_layout, slice_packed=False)
     check_qkv(q, k, v)
     check_scaling_factor(scaling_factor)
     b, sq, hq, _ = q.shape
     if _name(attn_bias_type) != "NO_BIAS":
         if bias is None:
-            raise ValueError(f"attn_bias_type={_name(attn_bias_type)} but bias=None; pass a [1 or b, h, s_q, s_kv] "
-                             "bias or use AttnBiasType.NO_BIAS.")
+            raise ValueError(
+                f"attn_bias_type={_name(attn_bias_type)} but bias=None; pass a [1 or b, h, s_q,"
+                " s_kv] bias or use AttnBiasType.NO_BIAS."
+            )
         check_bias(bias, batch=b, num_q_heads=hq, seq_q=sq, seq_kv=k.shape[1])
     desc = sequence_descriptor
     offsets = getattr(desc, "seq_offsets", None)
@@ -212,72 +318,158 @@ def check_call(qkv, bias, sequence_descriptor, *, attn_bias_type, qkv_layout, sc
 
 
 if REAL_TE is not None:
-    # ------------------------------------------------------------------------- real TransformerEngine
+    # ------------------------------------------------------------------------- real TransformerEngi
     from transformer_engine.jax.attention import (  # noqa: F401
-        AttnBiasType, AttnMaskType, AttnSoftmaxType, CPStrategy, QKVFormat, QKVLayout, ReorderStrategy,
-        SequenceDescriptor, inverse_reorder_causal_load_balancing, is_fused_attn_kernel_available,
+        AttnBiasType,
+        AttnMaskType,
+        AttnSoftmaxType,
+        CPStrategy,
+        QKVFormat,
+        QKVLayout,
+        ReorderStrategy,
+        SequenceDescriptor,
+        inverse_reorder_causal_load_balancing,
+        is_fused_attn_kernel_available,
         reorder_causal_load_balancing,
     )
     from transformer_engine.jax.attention import fused_attn as _te_fused_attn
 
-    def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_type, qkv_layout, softmax_type,
-                   scaling_factor, dropout_probability, is_training, max_segments_per_seq=1, window_size=None,
-                   context_parallel_strategy=CPStrategy.DEFAULT, context_parallel_causal_load_balanced=False,
-                   context_parallel_axis="", context_checkpoint_name="context", softmax_offset=None, stripe_size=None,
-                   score_mod=None, score_mod_bprop=None, score_mod_tensors=None, score_mod_bprop_tensors=None,
-                   return_max_logit=False):
-        """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids and
+    def fused_attn(
+        qkv,
+        bias,
+        sequence_descriptor,
+        seed,
+        attn_bias_type,
+        attn_mask_type,
+        qkv_layout,
+        softmax_type,
+        scaling_factor,
+        dropout_probability,
+        is_training,
+        max_segments_per_seq=1,
+        window_size=None,
+        context_parallel_strategy=CPStrategy.DEFAULT,
+        context_parallel_causal_load_balanced=False,
+        context_parallel_axis="",
+        context_checkpoint_name="context",
+        softmax_offset=None,
+        stripe_size=None,
+        score_mod=None,
+        score_mod_bprop=None,
+        score_mod_tensors=None,
+        score_mod_bprop_tensors=None,
+        return_max_logit=False,
+    ):
+        """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids
+        and
         positions, :func:`reorder_mismatch`; under ``jit`` they are traced and only the static
         checks apply). With a CP axis of size > 1, inputs whose placement is visible must be
         sharded over it (:func:`~tutorial_utils.te.placement.check_placement`), and TE's call runs
         compiled as a whole with the sequence shardings pinned (:func:`_te_cp_call`)."""
-        qkv = check_call(qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type, qkv_layout=qkv_layout,
-                         scaling_factor=scaling_factor)
-        check_scalars(dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq)
+        qkv = check_call(
+            qkv,
+            bias,
+            sequence_descriptor,
+            attn_bias_type=attn_bias_type,
+            qkv_layout=qkv_layout,
+            scaling_factor=scaling_factor,
+        )
+        check_scalars(
+            dropout_probability=dropout_probability, max_segments_per_seq=max_segments_per_seq
+        )
         mesh, cp_axis, cp_size = cp_axis_and_size(context_parallel_axis)
-        silent_failure_checks(qkv_layout=qkv_layout, window_size=window_size,
-                              context_parallel_strategy=context_parallel_strategy,
-                              context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
-                              stripe_size=stripe_size, cp_size=cp_size)
-        ids_pos = None if sequence_descriptor is None else (sequence_descriptor.segment_ids[0],
-                                                            sequence_descriptor.segment_pos[0])
-        if (cp_size > 1 and _name(qkv_layout).startswith("T") and ids_pos is not None and ids_pos[0].size
-                and not any(isinstance(x, jax.core.Tracer) for x in ids_pos)):
+        silent_failure_checks(
+            qkv_layout=qkv_layout,
+            window_size=window_size,
+            context_parallel_strategy=context_parallel_strategy,
+            context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
+            stripe_size=stripe_size,
+            cp_size=cp_size,
+        )
+        ids_pos = (
+            None
+            if sequence_descriptor is None
+            else (sequence_descriptor.segment_ids[0], sequence_descriptor.segment_pos[0])
+        )
+        if (
+            cp_size > 1
+            and _name(qkv_layout).startswith("T")
+            and ids_pos is not None
+            and ids_pos[0].size
+            and not any(isinstance(x, jax.core.Tracer) for x in ids_pos)
+        ):
             why = reorder_mismatch(*ids_pos, cp_size=cp_size, stripe_size=stripe_size)
             if why:
                 raise ValueError(f"sequence_descriptor: {why}")
-        static = dict(attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type, qkv_layout=qkv_layout,
-                      softmax_type=softmax_type, scaling_factor=scaling_factor,
-                      dropout_probability=dropout_probability, is_training=is_training,
-                      max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                      context_parallel_strategy=context_parallel_strategy,
-                      context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
-                      context_parallel_axis=context_parallel_axis, context_checkpoint_name=context_checkpoint_name,
-                      stripe_size=stripe_size, score_mod=score_mod, score_mod_bprop=score_mod_bprop,
-                      return_max_logit=return_max_logit)
-        arrays = (qkv, bias, sequence_descriptor, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors)
+        static = dict(
+            attn_bias_type=attn_bias_type,
+            attn_mask_type=attn_mask_type,
+            qkv_layout=qkv_layout,
+            softmax_type=softmax_type,
+            scaling_factor=scaling_factor,
+            dropout_probability=dropout_probability,
+            is_training=is_training,
+            max_segments_per_seq=max_segments_per_seq,
+            window_size=window_size,
+            context_parallel_strategy=context_parallel_strategy,
+            context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
+            context_parallel_axis=context_parallel_axis,
+            context_checkpoint_name=context_checkpoint_name,
+            stripe_size=stripe_size,
+            score_mod=score_mod,
+            score_mod_bprop=score_mod_bprop,
+            return_max_logit=return_max_logit,
+        )
+        arrays = (
+            qkv,
+            bias,
+            sequence_descriptor,
+            seed,
+            softmax_offset,
+            score_mod_tensors,
+            score_mod_bprop_tensors,
+        )
         if cp_size > 1:
-            check_placement(_sequence_arrays(qkv, sequence_descriptor), cp_axis=cp_axis, cp_size=cp_size)
+            check_placement(
+                _sequence_arrays(qkv, sequence_descriptor), cp_axis=cp_axis, cp_size=cp_size
+            )
             key = tuple(sorted(static.items(), key=lambda kv: kv[0]))
             try:
                 call = _te_cp_call(key, cp_axis, batch_axes(mesh))
-            except TypeError:  # an unhashable static argument (e.g. window_size as a list): no cache
+            except (
+                TypeError
+            ):  # an unhashable static argument (e.g. window_size as a list): no cache
                 call = _te_cp_call.__wrapped__(key, cp_axis, batch_axes(mesh))
             return call(*arrays)
         return _call_te(static, *arrays)
 
     def _sequence_arrays(qkv, desc):
         """The inputs whose axis 1 is the sequence, by the name a user knows them by."""
-        named = dict(zip(("q", "k", "v") if len(qkv) == 3 else ("q", "kv") if len(qkv) == 2 else ("qkv",), qkv))
+        named = dict(
+            zip(
+                ("q", "k", "v") if len(qkv) == 3 else ("q", "kv") if len(qkv) == 2 else ("qkv",),
+                qkv,
+            )
+        )
         if desc is not None:
             for field in ("segment_ids", "segment_pos"):
                 for i, x in enumerate(getattr(desc, field, ()) or ()):
                     named[f"sequence_descriptor.{field}[{i}]"] = x
         return named
 
-    def _call_te(static, qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors):
-        return _te_fused_attn(qkv, bias, desc, seed, softmax_offset=softmax_offset, score_mod_tensors=score_mod_tensors,
-                              score_mod_bprop_tensors=score_mod_bprop_tensors, **static)
+    def _call_te(
+        static, qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors
+    ):
+        return _te_fused_attn(
+            qkv,
+            bias,
+            desc,
+            seed,
+            softmax_offset=softmax_offset,
+            score_mod_tensors=score_mod_tensors,
+            score_mod_bprop_tensors=score_mod_bprop_tensors,
+            **static,
+        )
 
     @functools.lru_cache(maxsize=64)
     def _te_cp_call(static_items, cp_axis, batch):
@@ -300,10 +492,27 @@ if REAL_TE is not None:
             qkv = tuple(pin(x, name) for x, name in zip(qkv, _sequence_arrays(qkv, None)))
             if desc is not None:
                 desc = SequenceDescriptor(
-                    seqlens=desc.seqlens, seq_offsets=desc.seq_offsets,
-                    segment_ids=tuple(pin(x, f"sequence_descriptor.segment_ids[{i}]") for i, x in enumerate(desc.segment_ids)),
-                    segment_pos=tuple(pin(x, f"sequence_descriptor.segment_pos[{i}]") for i, x in enumerate(desc.segment_pos)))
-            result = _call_te(static, qkv, bias, desc, seed, softmax_offset, score_mod_tensors, score_mod_bprop_tensors)
+                    seqlens=desc.seqlens,
+                    seq_offsets=desc.seq_offsets,
+                    segment_ids=tuple(
+                        pin(x, f"sequence_descriptor.segment_ids[{i}]")
+                        for i, x in enumerate(desc.segment_ids)
+                    ),
+                    segment_pos=tuple(
+                        pin(x, f"sequence_descriptor.segment_pos[{i}]")
+                        for i, x in enumerate(desc.segment_pos)
+                    ),
+                )
+            result = _call_te(
+                static,
+                qkv,
+                bias,
+                desc,
+                seed,
+                softmax_offset,
+                score_mod_tensors,
+                score_mod_bprop_tensors,
+            )
             if isinstance(result, tuple):
                 return (pin_sequence(result[0], cp_axis, batch),) + tuple(result[1:])
             return pin_sequence(result, cp_axis, batch)
@@ -314,11 +523,15 @@ else:
     # ------------------------------------------------------------------------- reference backend
     from ..context_parallel import context_parallel_attention
     from ..reference import MaskSpec, blockwise_attention, bottom_right_positions, dense_attention
-    from ..reorder import ReorderStrategy  # noqa: F401  (same members and values as TE's)
-    from ..reorder import inverse_reorder_causal_load_balancing, reorder_causal_load_balancing  # noqa: F401
+    from ..reorder import (  # noqa: F401
+        ReorderStrategy,  # noqa: F401  (same members and values as TE's)
+        inverse_reorder_causal_load_balancing,
+        reorder_causal_load_balancing,
+    )
 
     class AttnBiasType(enum.Enum):
-        """Bias added to the attention logits (the reference supports NO_BIAS and POST_SCALE_BIAS)."""
+        """Bias added to the attention logits (the reference supports NO_BIAS and
+        POST_SCALE_BIAS)."""
 
         NO_BIAS = 0
         PRE_SCALE_BIAS = 1
@@ -335,15 +548,25 @@ else:
         PADDING_CAUSAL_BOTTOM_RIGHT_MASK = 5
 
         def is_causal(self):
-            return self in (AttnMaskType.CAUSAL_MASK, AttnMaskType.PADDING_CAUSAL_MASK,
-                            AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+            return self in (
+                AttnMaskType.CAUSAL_MASK,
+                AttnMaskType.PADDING_CAUSAL_MASK,
+                AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
+                AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+            )
 
         def is_padding(self):
-            return self in (AttnMaskType.PADDING_MASK, AttnMaskType.PADDING_CAUSAL_MASK,
-                            AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+            return self in (
+                AttnMaskType.PADDING_MASK,
+                AttnMaskType.PADDING_CAUSAL_MASK,
+                AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+            )
 
         def is_bottom_right(self):
-            return self in (AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK, AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+            return self in (
+                AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
+                AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+            )
 
     class AttnSoftmaxType(enum.Enum):
         """Vanilla, off-by-one (an extra zero logit) or learnable (a per-head sink logit)."""
@@ -353,10 +576,16 @@ else:
         LEARNABLE_SOFTMAX = 2
 
         @classmethod
-        def from_str(cls, softmax_type: str) -> "AttnSoftmaxType":
-            table = {"vanilla": cls.VANILLA_SOFTMAX, "off_by_one": cls.OFF_BY_ONE_SOFTMAX, "learnable": cls.LEARNABLE_SOFTMAX}
+        def from_str(cls, softmax_type: str) -> AttnSoftmaxType:
+            table = {
+                "vanilla": cls.VANILLA_SOFTMAX,
+                "off_by_one": cls.OFF_BY_ONE_SOFTMAX,
+                "learnable": cls.LEARNABLE_SOFTMAX,
+            }
             if softmax_type not in table:
-                raise ValueError(f"softmax_type={softmax_type!r} is unknown; use one of {sorted(table)}.")
+                raise ValueError(
+                    f"softmax_type={softmax_type!r} is unknown; use one of {sorted(table)}."
+                )
             return table[softmax_type]
 
     class QKVFormat(enum.Enum):
@@ -365,7 +594,8 @@ else:
         THD = 2
 
     class QKVLayout(enum.Enum):
-        """How Q, K, V are passed: packed, KV-packed or separate; BSHD (padded) or THD (packed segments)."""
+        """How Q, K, V are passed: packed, KV-packed or separate; BSHD (padded) or THD (packed
+        segments)."""
 
         BS3HD = 0
         BSHD_BS2HD = 1
@@ -417,7 +647,8 @@ else:
 
     @jax.tree_util.register_pytree_node_class
     class SequenceDescriptor:
-        """Describes packed/padded sequences: seqlens+offsets or segment ids+positions, each a (q, kv) pair.
+        """Describes packed/padded sequences: seqlens+offsets or segment ids+positions, each a (q,
+        kv) pair.
 
         A pytree with 8 leaves in TE's order (q/kv seqlens, q/kv offsets, q/kv segment ids,
         q/kv segment positions); unused fields hold size-0 placeholders.
@@ -439,32 +670,48 @@ else:
 
         @classmethod
         def from_seqlens(cls, seqlens):
-            """BSHD: valid lengths ``[batch]`` (or a (q, kv) pair); tokens past the length are padding."""
+            """BSHD: valid lengths ``[batch]`` (or a (q, kv) pair); tokens past the length are
+            padding."""
             q, kv = _pair(seqlens, "seqlens")
             return cls(seqlens=(q, kv))
 
         @classmethod
         def from_seqlens_and_offsets(cls, seqlens, seq_offsets):
-            """THD: per-row segment lengths ``[batch, K]`` and segment *start* offsets, padded with -1."""
-            return cls(seqlens=_pair(seqlens, "seqlens"), seq_offsets=_pair(seq_offsets, "seq_offsets"))
+            """THD: per-row segment lengths ``[batch, K]`` and segment *start* offsets, padded with
+            -1."""
+            return cls(
+                seqlens=_pair(seqlens, "seqlens"), seq_offsets=_pair(seq_offsets, "seq_offsets")
+            )
 
         @classmethod
         def from_segment_ids_and_pos(cls, segment_ids, segment_pos=None):
-            """THD: per-token segment ids (0 = padding) and positions inside the segment, ``[batch, seq]``."""
+            """THD: per-token segment ids (0 = padding) and positions inside the segment, ``[batch,
+            seq]``."""
             if segment_pos is None:
                 raise ValueError(
-                    "segment_pos=None: segment positions are required (automatic generation cannot be right for "
-                    "reordered/context-parallel inputs). Pass positions counting 0,1,2,... from each segment start.")
-            return cls(segment_ids=_pair(segment_ids, "segment_ids"), segment_pos=_pair(segment_pos, "segment_pos"))
+                    "segment_pos=None: segment positions are required (automatic generation cannot"
+                    " be right for reordered/context-parallel inputs). Pass positions counting"
+                    " 0,1,2,... from each segment start."
+                )
+            return cls(
+                segment_ids=_pair(segment_ids, "segment_ids"),
+                segment_pos=_pair(segment_pos, "segment_pos"),
+            )
 
         def token_ids_and_pos(self, batch: int, seq_q: int, seq_kv: int, qkv_layout):
             """Per-token ``(ids_q, ids_kv, pos_q, pos_kv)`` for the reference kernels."""
             if self.segment_ids[0].size:
                 ids_q, ids_kv = self.segment_ids
                 pos_q, pos_kv = self.segment_pos
-                if ids_q.ndim != 2 or ids_q.shape != (batch, seq_q) or ids_kv.shape != (batch, seq_kv):
-                    raise ValueError(f"segment_ids must be [batch, seq] = {(batch, seq_q)}/{(batch, seq_kv)}, got "
-                                     f"{tuple(ids_q.shape)}/{tuple(ids_kv.shape)}.")
+                if (
+                    ids_q.ndim != 2
+                    or ids_q.shape != (batch, seq_q)
+                    or ids_kv.shape != (batch, seq_kv)
+                ):
+                    raise ValueError(
+                        f"segment_ids must be [batch, seq] = {(batch, seq_q)}/{(batch, seq_kv)},"
+                        f" got {tuple(ids_q.shape)}/{tuple(ids_kv.shape)}."
+                    )
                 if pos_q.shape != ids_q.shape or pos_kv.shape != ids_kv.shape:
                     raise ValueError("segment_pos must have the same shape as segment_ids.")
                 return ids_q, ids_kv, pos_q, pos_kv
@@ -473,20 +720,33 @@ else:
                 ids_kv, pos_kv = self._from_offsets(self.seqlens[1], self.seq_offsets[1], seq_kv)
                 return ids_q, ids_kv, pos_q, pos_kv
             if self.seqlens[0].size:
+
                 def lengths(n, s):
                     if n.ndim != 1 or n.shape[0] != batch:
-                        raise ValueError(f"from_seqlens expects 1-D [batch]={batch} lengths, got shape {tuple(n.shape)}.")
+                        raise ValueError(
+                            f"from_seqlens expects 1-D [batch]={batch} lengths, got shape"
+                            f" {tuple(n.shape)}."
+                        )
                     ar = jnp.arange(s)[None, :]
-                    return (ar < n[:, None]).astype(jnp.int32), jnp.broadcast_to(ar, (batch, s)).astype(jnp.int32)
+                    return (ar < n[:, None]).astype(jnp.int32), jnp.broadcast_to(
+                        ar, (batch, s)
+                    ).astype(jnp.int32)
+
                 ids_q, pos_q = lengths(self.seqlens[0], seq_q)
                 ids_kv, pos_kv = lengths(self.seqlens[1], seq_kv)
                 return ids_q, ids_kv, pos_q, pos_kv
-            raise ValueError("the SequenceDescriptor is empty; build it with from_segment_ids_and_pos, from_seqlens or from_seqlens_and_offsets.")
+            raise ValueError(
+                "the SequenceDescriptor is empty; build it with from_segment_ids_and_pos,"
+                " from_seqlens or from_seqlens_and_offsets."
+            )
 
         @staticmethod
         def _from_offsets(seqlens, offsets, seq):
             if seqlens.ndim != 2 or offsets.ndim != 2:
-                raise ValueError(f"from_seqlens_and_offsets expects 2-D [batch, K] arrays, got {tuple(seqlens.shape)}/{tuple(offsets.shape)}.")
+                raise ValueError(
+                    "from_seqlens_and_offsets expects 2-D [batch, K] arrays, got"
+                    f" {tuple(seqlens.shape)}/{tuple(offsets.shape)}."
+                )
             k = min(seqlens.shape[1], offsets.shape[1])
             lens, offs = seqlens[:, :k, None], offsets[:, :k, None]
             t = jnp.arange(seq)[None, None, :]
@@ -503,21 +763,43 @@ else:
         if name == "OFF_BY_ONE_SOFTMAX":
             return jnp.zeros((hq,), jnp.float32)
         if softmax_offset is None:
-            raise ValueError("softmax_type=LEARNABLE_SOFTMAX needs softmax_offset, a float32 [1, num_q_heads, 1, 1] parameter.")
+            raise ValueError(
+                "softmax_type=LEARNABLE_SOFTMAX needs softmax_offset, a float32 [1, num_q_heads, 1,"
+                " 1] parameter."
+            )
         if softmax_offset.size != hq:
-            raise ValueError(f"softmax_offset has {softmax_offset.size} elements, expected num_q_heads={hq} (shape [1, {hq}, 1, 1]).")
+            raise ValueError(
+                f"softmax_offset has {softmax_offset.size} elements, expected"
+                f" num_q_heads={hq} (shape [1, {hq}, 1, 1])."
+            )
         return softmax_offset.reshape(hq).astype(jnp.float32)
 
-    def fused_attn(qkv: Tuple[jnp.ndarray, ...], bias: Optional[jnp.ndarray], sequence_descriptor: Optional[SequenceDescriptor],
-                   seed: Optional[jnp.ndarray], attn_bias_type: AttnBiasType, attn_mask_type: AttnMaskType,
-                   qkv_layout: QKVLayout, softmax_type: AttnSoftmaxType, scaling_factor: float, dropout_probability: float,
-                   is_training: bool, max_segments_per_seq: int = 1, window_size: Optional[Tuple[int, int]] = None,
-                   context_parallel_strategy: CPStrategy = CPStrategy.DEFAULT,
-                   context_parallel_causal_load_balanced: bool = False, context_parallel_axis: str = "",
-                   context_checkpoint_name: str = "context", softmax_offset: Optional[jnp.ndarray] = None,
-                   stripe_size: Union[int, None] = None, score_mod: Optional[Callable] = None,
-                   score_mod_bprop: Optional[Callable] = None, score_mod_tensors: Optional[Mapping[str, Any]] = None,
-                   score_mod_bprop_tensors: Optional[Mapping[str, Any]] = None, return_max_logit: bool = False):
+    def fused_attn(
+        qkv: tuple[jnp.ndarray, ...],
+        bias: jnp.ndarray | None,
+        sequence_descriptor: SequenceDescriptor | None,
+        seed: jnp.ndarray | None,
+        attn_bias_type: AttnBiasType,
+        attn_mask_type: AttnMaskType,
+        qkv_layout: QKVLayout,
+        softmax_type: AttnSoftmaxType,
+        scaling_factor: float,
+        dropout_probability: float,
+        is_training: bool,
+        max_segments_per_seq: int = 1,
+        window_size: tuple[int, int] | None = None,
+        context_parallel_strategy: CPStrategy = CPStrategy.DEFAULT,
+        context_parallel_causal_load_balanced: bool = False,
+        context_parallel_axis: str = "",
+        context_checkpoint_name: str = "context",
+        softmax_offset: jnp.ndarray | None = None,
+        stripe_size: int | None = None,
+        score_mod: Callable | None = None,
+        score_mod_bprop: Callable | None = None,
+        score_mod_tensors: Mapping[str, Any] | None = None,
+        score_mod_bprop_tensors: Mapping[str, Any] | None = None,
+        return_max_logit: bool = False,
+    ):
         """Fused attention with TE's semantics, computed by the pure-JAX reference.
 
         Returns ``[b, s_q, h_q, d_v]`` in the query dtype (``(out, max_logit)`` with
@@ -526,29 +808,66 @@ else:
         ``MeshResource.cp_resource``) has size > 1, runs the chosen CP strategy.
         """
         del seed, context_checkpoint_name
-        for arg, enum_cls in ((attn_bias_type, AttnBiasType), (attn_mask_type, AttnMaskType), (qkv_layout, QKVLayout),
-                              (softmax_type, AttnSoftmaxType), (context_parallel_strategy, CPStrategy)):
+        for arg, enum_cls in (
+            (attn_bias_type, AttnBiasType),
+            (attn_mask_type, AttnMaskType),
+            (qkv_layout, QKVLayout),
+            (softmax_type, AttnSoftmaxType),
+            (context_parallel_strategy, CPStrategy),
+        ):
             if not isinstance(arg, enum_cls):
-                raise ValueError(f"expected a {enum_cls.__name__} member, got {arg!r}; import the enums from tutorial_utils.te.attention.")
-        if score_mod is not None or score_mod_bprop is not None or score_mod_tensors or score_mod_bprop_tensors:
-            raise ValueError("score_mod is not supported by the reference backend; pass score_mod=None (it needs TE's cuDNN "
-                             "frontend graph on a GPU).")
+                raise ValueError(
+                    f"expected a {enum_cls.__name__} member, got {arg!r}; import the enums from"
+                    " tutorial_utils.te.attention."
+                )
+        if (
+            score_mod is not None
+            or score_mod_bprop is not None
+            or score_mod_tensors
+            or score_mod_bprop_tensors
+        ):
+            raise ValueError(
+                "score_mod is not supported by the reference backend; pass score_mod=None (it needs"
+                " TE's cuDNN frontend graph on a GPU)."
+            )
         if dropout_probability and is_training:
-            raise ValueError(f"dropout_probability={dropout_probability} with is_training=True: the reference backend has no "
-                             "dropout (cuDNN's RNG cannot be reproduced); use 0.0 or is_training=False.")
-        qkv = check_call(qkv, bias, sequence_descriptor, attn_bias_type=attn_bias_type, qkv_layout=qkv_layout,
-                         scaling_factor=scaling_factor)
+            raise ValueError(
+                f"dropout_probability={dropout_probability} with is_training=True: the reference"
+                " backend has no dropout (cuDNN's RNG cannot be reproduced); use 0.0 or"
+                " is_training=False."
+            )
+        qkv = check_call(
+            qkv,
+            bias,
+            sequence_descriptor,
+            attn_bias_type=attn_bias_type,
+            qkv_layout=qkv_layout,
+            scaling_factor=scaling_factor,
+        )
         q, k, v = _unpack_qkv(qkv, qkv_layout)
         mesh, cp_axis, cp_size = cp_axis_and_size(context_parallel_axis)
-        window = static_checks(q.shape, k.shape, attn_bias_type=attn_bias_type, attn_mask_type=attn_mask_type,
-                               qkv_layout=qkv_layout, softmax_type=softmax_type, dropout_probability=dropout_probability,
-                               max_segments_per_seq=max_segments_per_seq, window_size=window_size,
-                               context_parallel_strategy=context_parallel_strategy,
-                               context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
-                               stripe_size=stripe_size, cp_size=cp_size)
+        window = static_checks(
+            q.shape,
+            k.shape,
+            attn_bias_type=attn_bias_type,
+            attn_mask_type=attn_mask_type,
+            qkv_layout=qkv_layout,
+            softmax_type=softmax_type,
+            dropout_probability=dropout_probability,
+            max_segments_per_seq=max_segments_per_seq,
+            window_size=window_size,
+            context_parallel_strategy=context_parallel_strategy,
+            context_parallel_causal_load_balanced=context_parallel_causal_load_balanced,
+            stripe_size=stripe_size,
+            cp_size=cp_size,
+        )
         if max_segments_per_seq > 1 and not qkv_layout.is_thd():
-            warnings.warn(f"max_segments_per_seq={max_segments_per_seq} only applies to THD layouts; qkv_layout={qkv_layout.name}.",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"max_segments_per_seq={max_segments_per_seq} only applies to THD layouts;"
+                f" qkv_layout={qkv_layout.name}.",
+                UserWarning,
+                stacklevel=2,
+            )
         b, sq, hq, _ = q.shape
         skv = k.shape[1]
         if sequence_descriptor is None:
@@ -557,16 +876,29 @@ else:
             pos_q = jnp.broadcast_to(jnp.arange(sq, dtype=jnp.int32), (b, sq))
             pos_kv = jnp.broadcast_to(jnp.arange(skv, dtype=jnp.int32), (b, skv))
         elif isinstance(sequence_descriptor, SequenceDescriptor):
-            ids_q, ids_kv, pos_q, pos_kv = sequence_descriptor.token_ids_and_pos(b, sq, skv, qkv_layout)
+            ids_q, ids_kv, pos_q, pos_kv = sequence_descriptor.token_ids_and_pos(
+                b, sq, skv, qkv_layout
+            )
         else:
-            raise ValueError(f"sequence_descriptor must be a SequenceDescriptor or None, got {type(sequence_descriptor).__name__}; "
-                             "build one with SequenceDescriptor.from_segment_ids_and_pos(ids, pos).")
+            raise ValueError(
+                "sequence_descriptor must be a SequenceDescriptor or None, got"
+                f" {type(sequence_descriptor).__name__}; build one with"
+                " SequenceDescriptor.from_segment_ids_and_pos(ids, pos)."
+            )
         synthesized = sequence_descriptor is None or not sequence_descriptor.segment_ids[0].size
-        if cp_size > 1 and context_parallel_causal_load_balanced and not qkv_layout.is_thd() and synthesized:
-            # BSHD ids/positions are built here in natural order, but q/k/v arrive DualChunkSwap-reordered:
+        if (
+            cp_size > 1
+            and context_parallel_causal_load_balanced
+            and not qkv_layout.is_thd()
+            and synthesized
+        ):
+            # BSHD ids/positions are built here in natural order, but q/k/v arrive
+            # DualChunkSwap-reordered:
             # reorder the token metadata the same way so the causal mask sees true positions.
-            ids_q, ids_kv, pos_q, pos_kv = (reorder_causal_load_balancing(x, ReorderStrategy.DualChunkSwap, cp_size, 1)
-                                            for x in (ids_q, ids_kv, pos_q, pos_kv))
+            ids_q, ids_kv, pos_q, pos_kv = (
+                reorder_causal_load_balancing(x, ReorderStrategy.DualChunkSwap, cp_size, 1)
+                for x in (ids_q, ids_kv, pos_q, pos_kv)
+            )
         padding = attn_mask_type.is_padding()
         if not padding:
             ids_q, ids_kv = jnp.ones_like(ids_q), jnp.ones_like(ids_kv)
@@ -581,40 +913,120 @@ else:
 
         if cp_size > 1:
             strategy = "ring" if context_parallel_strategy == CPStrategy.RING else "allgather"
-            reorder = ReorderStrategy.Striped if qkv_layout.is_thd() else ReorderStrategy.DualChunkSwap
+            reorder = (
+                ReorderStrategy.Striped if qkv_layout.is_thd() else ReorderStrategy.DualChunkSwap
+            )
             out = context_parallel_attention(
-                q, k, v, ids_q, pos_q, mesh=mesh, axis_name=cp_axis, strategy=strategy, stripe_size=stripe_size,
-                load_balanced=context_parallel_causal_load_balanced, reorder_strategy=reorder, window_size=window,
-                scaling_factor=scale, causal=spec.causal, padding=padding, kv_segment_ids=ids_kv, kv_segment_pos=pos_kv,
-                batch_axis=batch_axes(mesh))
+                q,
+                k,
+                v,
+                ids_q,
+                pos_q,
+                mesh=mesh,
+                axis_name=cp_axis,
+                strategy=strategy,
+                stripe_size=stripe_size,
+                load_balanced=context_parallel_causal_load_balanced,
+                reorder_strategy=reorder,
+                window_size=window,
+                scaling_factor=scale,
+                causal=spec.causal,
+                padding=padding,
+                kv_segment_ids=ids_kv,
+                kv_segment_pos=pos_kv,
+                batch_axis=batch_axes(mesh),
+            )
             max_logit = None
         elif bias_arr is not None:
-            out, _ = dense_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, scale=scale, spec=spec, sink=sink, bias=bias_arr)
+            out, _ = dense_attention(
+                q,
+                k,
+                v,
+                ids_q,
+                ids_kv,
+                pos_q,
+                pos_kv,
+                scale=scale,
+                spec=spec,
+                sink=sink,
+                bias=bias_arr,
+            )
             max_logit = None
         else:
-            out, _, mx = blockwise_attention(q, k, v, ids_q, ids_kv, pos_q, pos_kv, scale=scale, spec=spec, sink=sink,
-                                             return_max_logit=True)
-            max_logit = jnp.max(mx, axis=(0, 2)).astype(out.dtype)  # TE returns it in the output dtype
+            out, _, mx = blockwise_attention(
+                q,
+                k,
+                v,
+                ids_q,
+                ids_kv,
+                pos_q,
+                pos_kv,
+                scale=scale,
+                spec=spec,
+                sink=sink,
+                return_max_logit=True,
+            )
+            max_logit = jnp.max(mx, axis=(0, 2)).astype(
+                out.dtype
+            )  # TE returns it in the output dtype
         if return_max_logit:
             if max_logit is None:
-                raise ValueError("return_max_logit=True is supported by the reference backend only without bias and without CP.")
+                raise ValueError(
+                    "return_max_logit=True is supported by the reference backend only without bias"
+                    " and without CP."
+                )
             return out, max_logit
         return out
 
-    def is_fused_attn_kernel_available(is_training, batch_size, q_dtype, kv_dtype, qkv_layout, attn_bias_type, attn_mask_type,
-                                       softmax_type, dropout_probability, q_num_heads, kv_num_heads, q_max_seqlen,
-                                       kv_max_seqlen, head_dim_qk, head_dim_v, window_size: Optional[Tuple[int, int]] = None,
-                                       return_max_logit: bool = False, bottom_right_diagonal: Optional[bool] = None,
-                                       bias_batch: Optional[int] = None, bias_heads: Optional[int] = None,
-                                       bias_seqlen_q: Optional[int] = None, bias_seqlen_kv: Optional[int] = None,
-                                       max_segments_per_seq: int = 1):
+    def is_fused_attn_kernel_available(
+        is_training,
+        batch_size,
+        q_dtype,
+        kv_dtype,
+        qkv_layout,
+        attn_bias_type,
+        attn_mask_type,
+        softmax_type,
+        dropout_probability,
+        q_num_heads,
+        kv_num_heads,
+        q_max_seqlen,
+        kv_max_seqlen,
+        head_dim_qk,
+        head_dim_v,
+        window_size: tuple[int, int] | None = None,
+        return_max_logit: bool = False,
+        bottom_right_diagonal: bool | None = None,
+        bias_batch: int | None = None,
+        bias_heads: int | None = None,
+        bias_seqlen_q: int | None = None,
+        bias_seqlen_kv: int | None = None,
+        max_segments_per_seq: int = 1,
+    ):
         """Reference backend: True when the *reference* can compute this configuration.
 
         It says nothing about cuDNN on your GPU (THD needs sm90+, THD GQA/SWA need cuDNN >= 9.6);
         on a GPU node this name is TE's own function.
         """
-        del batch_size, q_dtype, kv_dtype, attn_mask_type, softmax_type, q_max_seqlen, kv_max_seqlen, head_dim_qk
-        del head_dim_v, return_max_logit, bottom_right_diagonal, bias_batch, bias_heads, bias_seqlen_q, bias_seqlen_kv
+        del (
+            batch_size,
+            q_dtype,
+            kv_dtype,
+            attn_mask_type,
+            softmax_type,
+            q_max_seqlen,
+            kv_max_seqlen,
+            head_dim_qk,
+        )
+        del (
+            head_dim_v,
+            return_max_logit,
+            bottom_right_diagonal,
+            bias_batch,
+            bias_heads,
+            bias_seqlen_q,
+            bias_seqlen_kv,
+        )
         del max_segments_per_seq, qkv_layout
         for name, value in (("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -25,18 +25,27 @@ constraint on the output is also a constraint on its cotangent, which is the dO 
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-__all__ = ["check_placement", "visible_sharding", "sequence_spec", "pin_sequence", "sharded_over", "guard_placement"]
+__all__ = [
+    "check_placement",
+    "visible_sharding",
+    "sequence_spec",
+    "pin_sequence",
+    "sharded_over",
+    "guard_placement",
+]
 
-FIX = ("place it with jax.device_put(x, NamedSharding(mesh, P(None, '{axis}'))) (batch axes first if the batch is "
-       "sharded), or pass in_shardings with the sequence on '{axis}' to jax.jit")
+FIX = (
+    "place it with jax.device_put(x, NamedSharding(mesh, P(None, '{axis}'))) (batch axes first if"
+    " the batch is sharded), or pass in_shardings with the sequence on '{axis}' to jax.jit"
+)
 
 
-def visible_sharding(x) -> Optional[jax.sharding.Sharding]:
+def visible_sharding(x) -> jax.sharding.Sharding | None:
     """The sharding of ``x`` when it is known at call time, else ``None``.
 
     Concrete ``jax.Array``: its ``.sharding``. A tracer: the sharding in its type, but only
@@ -84,9 +93,10 @@ def check_placement(arrays, *, cp_axis: str, cp_size: int) -> None:
         shown = getattr(sharding, "spec", None)
         shown = f"{type(sharding).__name__}({shown})" if shown is not None else repr(sharding)
         raise ValueError(
-            f"{name} has sharding {shown}, which does not split its sequence axis (axis 1) over the context-parallel "
-            f"axis '{cp_axis}' (size {cp_size}); TE 2.20.2 then computes wrong attention without an error. "
-            + FIX.format(axis=cp_axis) + ".")
+            f"{name} has sharding {shown}, which does not split its sequence axis (axis 1) over the"
+            f" context-parallel axis '{cp_axis}' (size {cp_size}); TE 2.20.2 then computes wrong"
+            " attention without an error. " + FIX.format(axis=cp_axis) + "."
+        )
 
 
 def sequence_spec(ndim: int, cp_axis: str, batch) -> P:
@@ -107,11 +117,18 @@ def pin_sequence(x, cp_axis: str, batch):
 
 
 def _guard_message(name, mesh_shape, cp_axis, spec) -> str:
-    where = (f"the jitted computation was partitioned without the mesh axis '{cp_axis}' (mesh axes "
-             f"{dict(mesh_shape) or '{}: one device'}), because its inputs carry no sharding over it"
-             if cp_axis not in mesh_shape else f"its sharding {spec} does not split axis 1 over '{cp_axis}'")
-    return (f"{name} is not placed for context parallelism: {where}. TE alone stops here with a bare "
-            f"'AssertionError: {cp_axis} is not a axis of the given mesh'. To fix, " + FIX.format(axis=cp_axis) + ".")
+    where = (
+        f"the jitted computation was partitioned without the mesh axis '{cp_axis}' (mesh axes "
+        f"{dict(mesh_shape) or '{}: one device'}), because its inputs carry no sharding over it"
+        if cp_axis not in mesh_shape
+        else f"its sharding {spec} does not split axis 1 over '{cp_axis}'"
+    )
+    return (
+        f"{name} is not placed for context parallelism: {where}. TE alone stops here with a bare "
+        f"'AssertionError: {cp_axis} is not a axis of the given mesh'. To fix, "
+        + FIX.format(axis=cp_axis)
+        + "."
+    )
 
 
 def _checked_sharding(name: str, cp_axis: str, mesh, arg_shapes):
@@ -137,7 +154,7 @@ def _guard_partition(name: str, cp_axis: str, mesh, arg_shapes, result_shape):
     return mesh, _identity, sharding, (sharding,)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _guard(name: str, cp_axis: str, ndim: int):
     """An identity whose partition callback checks the sharding XLA settled on for one input.
 
@@ -150,9 +167,11 @@ def _guard(name: str, cp_axis: str, ndim: int):
 
     ident = custom_partitioning(_identity)
     letters = " ".join(f"d{i}" for i in range(ndim))
-    ident.def_partition(infer_sharding_from_operands=_guard_infer,
-                        partition=functools.partial(_guard_partition, name, cp_axis),
-                        sharding_rule=f"{letters} -> {letters}")
+    ident.def_partition(
+        infer_sharding_from_operands=_guard_infer,
+        partition=functools.partial(_guard_partition, name, cp_axis),
+        sharding_rule=f"{letters} -> {letters}",
+    )
 
     @jax.custom_vjp
     def guarded(x):

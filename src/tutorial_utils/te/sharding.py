@@ -12,10 +12,20 @@ from contextlib import contextmanager
 
 from ._backend import REAL_TE
 
-__all__ = ["MeshResource", "global_shard_guard", "global_mesh_resource", "active_mesh", "cp_axis_and_size"]
+__all__ = [
+    "MeshResource",
+    "global_shard_guard",
+    "global_mesh_resource",
+    "active_mesh",
+    "cp_axis_and_size",
+]
 
 if REAL_TE is not None:  # hand over to the real thing
-    from transformer_engine.jax.sharding import MeshResource, global_mesh_resource, global_shard_guard  # noqa: F401
+    from transformer_engine.jax.sharding import (  # noqa: F401
+        MeshResource,
+        global_mesh_resource,
+        global_shard_guard,
+    )
 else:
 
     @dataclasses.dataclass
@@ -41,7 +51,10 @@ else:
         """Set the global ``MeshResource`` for the duration of the block."""
         global _GLOBAL
         if resource is not None and not isinstance(resource, MeshResource):
-            raise ValueError(f"resource must be a MeshResource, got {resource!r}; build one with MeshResource(cp_resource='cp').")
+            raise ValueError(
+                f"resource must be a MeshResource, got {resource!r}; build one with"
+                " MeshResource(cp_resource='cp')."
+            )
         old = _GLOBAL
         _GLOBAL = resource
         try:
@@ -53,8 +66,9 @@ else:
         """The active ``MeshResource``; raises if none was set (as TE asserts)."""
         if _GLOBAL is None:
             raise ValueError(
-                "No global MeshResource is set. Wrap the call in `with te.autocast(mesh_resource=MeshResource(cp_resource='cp')):` "
-                "or pass context_parallel_axis='cp' explicitly."
+                "No global MeshResource is set. Wrap the call in `with"
+                " te.autocast(mesh_resource=MeshResource(cp_resource='cp')):` or pass"
+                " context_parallel_axis='cp' explicitly."
             )
         return _GLOBAL
 
@@ -78,7 +92,8 @@ def active_mesh():
 
 
 def cp_axis_and_size(context_parallel_axis: str = ""):
-    """Find the CP axis as TE does: explicit name, else ``MeshResource.cp_resource`` under an active mesh."""
+    """Find the CP axis as TE does: explicit name, else ``MeshResource.cp_resource`` under an active
+    mesh."""
     mesh = active_mesh()
     axis = context_parallel_axis
     if not axis and mesh is not None:
@@ -90,17 +105,22 @@ def cp_axis_and_size(context_parallel_axis: str = ""):
         return mesh, "", 1
     if mesh is None:
         raise ValueError(
-            f"context_parallel_axis={axis!r} but no mesh is active; call inside `with jax.set_mesh(mesh):` "
-            "(and jit with explicit in_shardings) so the sequence can be sharded."
+            f"context_parallel_axis={axis!r} but no mesh is active; call inside `with"
+            " jax.set_mesh(mesh):` (and jit with explicit in_shardings) so the sequence can be"
+            " sharded."
         )
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     if axis not in sizes:
-        raise ValueError(f"context_parallel_axis={axis!r} is not an axis of the active mesh (axes {tuple(sizes)}); use one of them.")
+        raise ValueError(
+            f"context_parallel_axis={axis!r} is not an axis of the active mesh (axes"
+            f" {tuple(sizes)}); use one of them."
+        )
     return mesh, axis, int(sizes[axis])
 
 
 def batch_axes(mesh):
-    """Mesh axes that shard the batch: ``MeshResource.dp_resource`` and ``fsdp_resource`` when active.
+    """Mesh axes that shard the batch: ``MeshResource.dp_resource`` and ``fsdp_resource`` when
+    active.
 
     Returns ``None`` (batch replicated), one axis name, or a tuple of names, ready for a
     ``PartitionSpec``.

@@ -54,6 +54,16 @@ from tutorial_utils.te_on_cpu.lowerings import allow_fp32, install, installed
 from tutorial_utils.te_on_cpu.runner import main, simulate_cpu_devices
 
 __all__ = [
-    "install", "installed", "allow_fp32", "simulate_cpu_devices", "main", "unsupported_reason", "kernel",
-    "STANDIN_NAME", "CUDNN_CONTRACT", "BACKEND_DESCRIPTION", "LSE_UNCOVERED", "_state",
+    "install",
+    "installed",
+    "allow_fp32",
+    "simulate_cpu_devices",
+    "main",
+    "unsupported_reason",
+    "kernel",
+    "STANDIN_NAME",
+    "CUDNN_CONTRACT",
+    "BACKEND_DESCRIPTION",
+    "LSE_UNCOVERED",
+    "_state",
 ]

@@ -1,4 +1,5 @@
-"""``python -m tutorial_utils.te_on_cpu [--devices N] script.py``: run an unmodified TE script on CPU."""
+"""``python -m tutorial_utils.te_on_cpu [--devices N] script.py``: run an unmodified TE script on
+CPU."""
 
 import sys
 

@@ -11,8 +11,13 @@ import types
 
 import numpy as np
 
-
-__all__ = ["STANDIN_NAME", "CUDNN_CONTRACT", "BACKEND_DESCRIPTION", "LSE_UNCOVERED", "unsupported_reason"]
+__all__ = [
+    "STANDIN_NAME",
+    "CUDNN_CONTRACT",
+    "BACKEND_DESCRIPTION",
+    "LSE_UNCOVERED",
+    "unsupported_reason",
+]
 
 STANDIN_NAME = "transformer_engine_jax"
 #: The cuDNN release whose contract the kernel follows: the oldest TE 2.20.2 accepts.
@@ -26,7 +31,8 @@ LSE_UNCOVERED = float(np.frombuffer(b"\xf0\xf0\xf0\xf0", np.float32)[0])
 _state = {"installed": False, "allow_fp32": False}
 
 
-# ----------------------------------------------------------------------------- enums (TE's C values)
+# ----------------------------------------------------------------------------- enums (TE's C values
+
 
 class DType(enum.IntEnum):
     kByte = 0
@@ -86,27 +92,80 @@ class NVTE_Fused_Attn_Backend(enum.IntEnum):
     NVTE_FP8 = 2
 
 
-NVTE_Activation_Type = enum.IntEnum("NVTE_Activation_Type", [
-    (n, i) for i, n in enumerate(["GELU", "GEGLU", "GLU", "SILU", "SWIGLU", "RELU", "REGLU", "QGELU", "QGEGLU",
-                                  "SRELU", "SREGLU", "CLAMPED_SWIGLU"])])
+NVTE_Activation_Type = enum.IntEnum(
+    "NVTE_Activation_Type",
+    [
+        (n, i)
+        for i, n in enumerate(
+            [
+                "GELU",
+                "GEGLU",
+                "GLU",
+                "SILU",
+                "SWIGLU",
+                "RELU",
+                "REGLU",
+                "QGELU",
+                "QGEGLU",
+                "SRELU",
+                "SREGLU",
+                "CLAMPED_SWIGLU",
+            ]
+        )
+    ],
+)
 NVTE_Norm_Type = enum.IntEnum("NVTE_Norm_Type", [("LayerNorm", 0), ("RMSNorm", 1)])
-JAXX_Scaling_Mode = enum.IntEnum("JAXX_Scaling_Mode", [
-    ("NO_SCALING", 0), ("DELAYED_TENSOR_SCALING", 1), ("MXFP8_1D_SCALING", 2), ("CURRENT_TENSOR_SCALING", 3),
-    ("NVFP4_1D_SCALING", 4), ("NVFP4_2D_SCALING", 5)])
-JAXX_Quantize_Layout = enum.IntEnum("JAXX_Quantize_Layout", [("ROWWISE", 0), ("COLWISE", 1), ("ROWWISE_COLWISE", 2)])
-JAXX_Score_Function = enum.IntEnum("JAXX_Score_Function", [("SIGMOID", 0), ("SOFTMAX", 1), ("SQRTSOFTPLUS", 2)])
-JAXX_Routing_Map_Format = enum.IntEnum("JAXX_Routing_Map_Format", [("BYTEMAP", 0), ("BITMAP_U8", 1)])
-JAXX_Collective_Op = enum.IntEnum("JAXX_Collective_Op", [("NONE", 0), ("ALL_GATHER", 1), ("REDUCE_SCATTER", 2)])
+JAXX_Scaling_Mode = enum.IntEnum(
+    "JAXX_Scaling_Mode",
+    [
+        ("NO_SCALING", 0),
+        ("DELAYED_TENSOR_SCALING", 1),
+        ("MXFP8_1D_SCALING", 2),
+        ("CURRENT_TENSOR_SCALING", 3),
+        ("NVFP4_1D_SCALING", 4),
+        ("NVFP4_2D_SCALING", 5),
+    ],
+)
+JAXX_Quantize_Layout = enum.IntEnum(
+    "JAXX_Quantize_Layout", [("ROWWISE", 0), ("COLWISE", 1), ("ROWWISE_COLWISE", 2)]
+)
+JAXX_Score_Function = enum.IntEnum(
+    "JAXX_Score_Function", [("SIGMOID", 0), ("SOFTMAX", 1), ("SQRTSOFTPLUS", 2)]
+)
+JAXX_Routing_Map_Format = enum.IntEnum(
+    "JAXX_Routing_Map_Format", [("BYTEMAP", 0), ("BITMAP_U8", 1)]
+)
+JAXX_Collective_Op = enum.IntEnum(
+    "JAXX_Collective_Op", [("NONE", 0), ("ALL_GATHER", 1), ("REDUCE_SCATTER", 2)]
+)
 
-_ENUMS = [DType, NVTE_Bias_Type, NVTE_Mask_Type, NVTE_QKV_Layout, NVTE_QKV_Format, NVTE_Softmax_Type,
-          NVTE_Fused_Attn_Backend, NVTE_Activation_Type, NVTE_Norm_Type, JAXX_Scaling_Mode, JAXX_Quantize_Layout,
-          JAXX_Score_Function, JAXX_Routing_Map_Format, JAXX_Collective_Op]
+_ENUMS = [
+    DType,
+    NVTE_Bias_Type,
+    NVTE_Mask_Type,
+    NVTE_QKV_Layout,
+    NVTE_QKV_Format,
+    NVTE_Softmax_Type,
+    NVTE_Fused_Attn_Backend,
+    NVTE_Activation_Type,
+    NVTE_Norm_Type,
+    JAXX_Scaling_Mode,
+    JAXX_Quantize_Layout,
+    JAXX_Score_Function,
+    JAXX_Routing_Map_Format,
+    JAXX_Collective_Op,
+]
 
-_THD_LAYOUTS = {NVTE_QKV_Layout.NVTE_T3HD, NVTE_QKV_Layout.NVTE_THD_T2HD, NVTE_QKV_Layout.NVTE_THD_THD_THD}
+_THD_LAYOUTS = {
+    NVTE_QKV_Layout.NVTE_T3HD,
+    NVTE_QKV_Layout.NVTE_THD_T2HD,
+    NVTE_QKV_Layout.NVTE_THD_THD_THD,
+}
 _SUPPORTED_DTYPES = {DType.kFloat16, DType.kBFloat16}
 
 
-# ----------------------------------------------------------------------------- the C functions TE's Python calls
+# ----------------------------------------------------------------------------- the C functions TE's
+
 
 def nvte_get_qkv_format(qkv_layout) -> NVTE_QKV_Format:
     layout = NVTE_QKV_Layout(int(qkv_layout))
@@ -125,22 +184,35 @@ def unsupported_reason(params) -> str:
     """
     dtype = DType(int(params.qkv_dtype))
     if dtype not in _SUPPORTED_DTYPES and not (dtype == DType.kFloat32 and _state["allow_fp32"]):
-        return (f"qkv dtype {dtype.name}: cuDNN fused attention (and this CPU stand-in for it) takes float16 or "
-                "bfloat16; cast q/k/v with .astype(jnp.bfloat16)")
+        return (
+            f"qkv dtype {dtype.name}: cuDNN fused attention (and this CPU stand-in for it) takes"
+            " float16 or bfloat16; cast q/k/v with .astype(jnp.bfloat16)"
+        )
     if int(params.scaling_mode) != JAXX_Scaling_Mode.NO_SCALING:
-        return f"scaling_mode={JAXX_Scaling_Mode(int(params.scaling_mode)).name}: FP8/FP4 attention needs real cuDNN on a GPU"
+        return (
+            f"scaling_mode={JAXX_Scaling_Mode(int(params.scaling_mode)).name}: FP8/FP4 attention"
+            " needs real cuDNN on a GPU"
+        )
     if params.dropout and params.is_training:
-        return (f"dropout_probability={params.dropout} with is_training=True: the CPU kernel cannot reproduce "
-                "cuDNN's dropout RNG; use 0.0 (or run on a GPU)")
+        return (
+            f"dropout_probability={params.dropout} with is_training=True: the CPU kernel cannot"
+            " reproduce cuDNN's dropout RNG; use 0.0 (or run on a GPU)"
+        )
     bias = NVTE_Bias_Type(int(params.bias_type))
     if bias == NVTE_Bias_Type.NVTE_ALIBI:
-        return "attn_bias_type=ALIBI is not supported by the CPU kernel; pass an explicit POST_SCALE_BIAS tensor"
+        return (
+            "attn_bias_type=ALIBI is not supported by the CPU kernel; pass an explicit"
+            " POST_SCALE_BIAS tensor"
+        )
     layout = NVTE_QKV_Layout(int(params.qkv_layout))
     if bias != NVTE_Bias_Type.NVTE_NO_BIAS and layout in _THD_LAYOUTS:
         return f"attn_bias_type={bias.name} with qkv_layout={layout.name}: bias needs a BSHD layout"
     if params.num_gqa_groups < 1 or params.num_attn_heads % params.num_gqa_groups:
-        return (f"num_gqa_groups={params.num_gqa_groups} does not divide num_attn_heads={params.num_attn_heads}; "
-                "use a KV head count that divides the query head count")
+        return (
+            f"num_gqa_groups={params.num_gqa_groups} does not divide"
+            f" num_attn_heads={params.num_attn_heads}; use a KV head count that divides the query"
+            " head count"
+        )
     left, right = int(params.window_size_left), int(params.window_size_right)
     if left < -1 or right < -1:
         return f"window_size=({left}, {right}): each side must be -1 (unbounded) or >= 0"
@@ -195,44 +267,73 @@ def is_collective_gemm_with_cublasmp() -> bool:
 
 def get_grouped_gemm_setup_workspace_size(num_groups):
     # TE probes this at import; an error mentioning cuBLAS makes it disable that GEMM path.
-    raise RuntimeError("transformer_engine_jax.get_grouped_gemm_setup_workspace_size: no cuBLAS in the CPU stand-in")
+    raise RuntimeError(
+        "transformer_engine_jax.get_grouped_gemm_setup_workspace_size: no cuBLAS in the CPU"
+        " stand-in"
+    )
 
 
 _UNIMPLEMENTED = [
-    "get_cuda_version", "get_cublasLt_version", "get_cudnn_frontend_version", "get_norm_fwd_workspace_sizes",
-    "get_norm_bwd_workspace_sizes", "get_dact_dbias_quantize_workspace_sizes", "get_dbias_quantize_workspace_sizes",
-    "get_topk_workspace_sizes", "initialize_cgemm_communicator", "get_cgemm_num_max_streams",
-    "is_non_nt_fp8_gemm_supported", "set_ep_bootstrap_params", "release_ep_resources",
-    "release_ep_resources_at_exit", "ep_handle_mem_size",
+    "get_cuda_version",
+    "get_cublasLt_version",
+    "get_cudnn_frontend_version",
+    "get_norm_fwd_workspace_sizes",
+    "get_norm_bwd_workspace_sizes",
+    "get_dact_dbias_quantize_workspace_sizes",
+    "get_dbias_quantize_workspace_sizes",
+    "get_topk_workspace_sizes",
+    "initialize_cgemm_communicator",
+    "get_cgemm_num_max_streams",
+    "is_non_nt_fp8_gemm_supported",
+    "set_ep_bootstrap_params",
+    "release_ep_resources",
+    "release_ep_resources_at_exit",
+    "ep_handle_mem_size",
 ]
 
 
 def _unimplemented(name):
     def call(*_args, **_kwargs):
         raise NotImplementedError(
-            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in (tutorial_utils.te_on_cpu): only "
-            "fused attention runs on CPU. Run on a GPU node with real TransformerEngine for this feature.")
+            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in"
+            " (tutorial_utils.te_on_cpu): only fused attention runs on CPU. Run on a GPU node with"
+            " real TransformerEngine for this feature."
+        )
+
     call.__name__ = name
     return call
 
 
 class _StandInModule(types.ModuleType):
     def __getattr__(self, name):
-        raise AttributeError(f"transformer_engine_jax.{name} does not exist in the CPU stand-in (tutorial_utils.te_on_cpu)")
+        raise AttributeError(
+            f"transformer_engine_jax.{name} does not exist in the CPU stand-in"
+            " (tutorial_utils.te_on_cpu)"
+        )
 
 
 def _make_standin() -> types.ModuleType:
-    mod = _StandInModule(STANDIN_NAME, "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.te_on_cpu)")
+    mod = _StandInModule(
+        STANDIN_NAME,
+        "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.te_on_cpu)",
+    )
     for e in _ENUMS:
         setattr(mod, e.__name__, e)
-    for fn in (nvte_get_qkv_format, get_fused_attn_backend, get_fused_attn_fwd_workspace_sizes,
-               get_fused_attn_bwd_workspace_sizes, get_device_compute_capability, get_cudnn_version, registrations,
-               get_num_compute_streams, nvte_built_with_cublasmp, is_collective_gemm_with_cublasmp,
-               get_grouped_gemm_setup_workspace_size):
+    for fn in (
+        nvte_get_qkv_format,
+        get_fused_attn_backend,
+        get_fused_attn_fwd_workspace_sizes,
+        get_fused_attn_bwd_workspace_sizes,
+        get_device_compute_capability,
+        get_cudnn_version,
+        registrations,
+        get_num_compute_streams,
+        nvte_built_with_cublasmp,
+        is_collective_gemm_with_cublasmp,
+        get_grouped_gemm_setup_workspace_size,
+    ):
         setattr(mod, fn.__name__, fn)
     for name in _UNIMPLEMENTED:
         setattr(mod, name, _unimplemented(name))
     mod.__file__ = __file__
     return mod
-
-

@@ -1,7 +1,8 @@
 """The compiled CPU stand-in kernel for cuDNN's fused attention (an XLA FFI custom call).
 
 Why: :mod:`tutorial_utils.te_on_cpu` runs TE's own JAX code on CPU and puts a reference
-kernel where cuDNN's would be. Lowered from JAX (:func:`tutorial_utils.reference.blockwise_attention`
+kernel where cuDNN's would be. Lowered from JAX
+(:func:`tutorial_utils.reference.blockwise_attention`
 in bounds mode), that kernel's loop nest is inlined into every program at every call site: a
 Ring step, a backward, a Flax layer. Compiling those copies is most of what a CPU run of TE's
 code costs. ``cpu_attention_kernel.cc`` (next to this file) does the same maths in C++ behind
@@ -27,7 +28,6 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional, Tuple
 
 SOURCE = Path(__file__).with_name("cpu_attention_kernel.cc")
 FWD_TARGET = "tutorial_cpu_attention_fwd"
@@ -42,12 +42,14 @@ def choice() -> str:
     """``TUTORIAL_CPU_KERNEL``: ``auto`` (default: compiled if it builds), ``cpp`` or ``jax``."""
     value = os.environ.get("TUTORIAL_CPU_KERNEL", "auto").strip().lower() or "auto"
     if value not in CHOICES:
-        raise ValueError(f"TUTORIAL_CPU_KERNEL={value!r} must be one of {', '.join(CHOICES)}; unset it for the "
-                         "default (the compiled kernel where a C++ compiler works, else the JAX one).")
+        raise ValueError(
+            f"TUTORIAL_CPU_KERNEL={value!r} must be one of {', '.join(CHOICES)}; unset it for the "
+            "default (the compiled kernel where a C++ compiler works, else the JAX one)."
+        )
     return value
 
 
-def _compiler() -> Optional[str]:
+def _compiler() -> str | None:
     for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
@@ -68,7 +70,9 @@ def _cpu_signature() -> str:
 
 
 def cache_dir() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cp-attention-tutorial"
+    default = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cp-attention-tutorial"
+    )
     return Path(os.environ.get("TUTORIAL_CPU_KERNEL_CACHE", default))
 
 
@@ -76,8 +80,9 @@ def _build(cxx: str, include: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     import jaxlib
 
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, jaxlib.__version__, _cpu_signature()])
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), version, jaxlib.__version__, _cpu_signature()]).encode()
+    ).hexdigest()[:16]
     folder = cache_dir()
     target = folder / f"libtutorial_cpu_attention-{key}.so"
     if target.exists():
@@ -93,7 +98,8 @@ def _build(cxx: str, include: str) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):
-    """An exclusive lock on ``path`` between processes (``fcntl.flock``), or none where there is no fcntl."""
+    """An exclusive lock on ``path`` between processes (``fcntl.flock``), or none where there is no
+    fcntl."""
     try:
         import fcntl
     except ImportError:  # not POSIX: builders may race; the rename below still keeps the file whole
@@ -108,22 +114,34 @@ def _build_lock(path: Path):
 
 
 def _compile(cxx: str, include: str, target: Path, folder: Path) -> Path:
-    base = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-w", f"-I{include}",
-            str(SOURCE)]
+    base = [
+        cxx,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fopenmp-simd",
+        "-fno-math-errno",
+        "-w",
+        f"-I{include}",
+        str(SOURCE),
+    ]
     errors = []
     for extra in (["-march=native"], []):
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         proc = subprocess.run(base + extra + ["-o", tmp], capture_output=True, text=True)
         if proc.returncode == 0:
-            os.replace(tmp, target)  # atomic: concurrent builders (test workers) never see half a file
+            os.replace(
+                tmp, target
+            )  # atomic: concurrent builders (test workers) never see half a file
             return target
         os.unlink(tmp)
         errors.append(proc.stderr.strip()[-800:])
     raise RuntimeError(f"{cxx} could not build {SOURCE.name}: {errors[-1]}")
 
 
-def load() -> Tuple[bool, Optional[str]]:
+def load() -> tuple[bool, str | None]:
     """Build (once), load and register the FFI targets; ``(True, None)`` or ``(False, why not)``."""
     with _lock:
         if _state["loaded"] is not None:
@@ -136,8 +154,13 @@ def load() -> Tuple[bool, Optional[str]]:
             if cxx is None:
                 raise RuntimeError("no C++ compiler found ($CXX, g++, c++, clang++)")
             lib = ctypes.CDLL(str(_build(cxx, jax.ffi.include_dir())))
-            for name, symbol in ((FWD_TARGET, "TutorialCpuAttentionFwd"), (BWD_TARGET, "TutorialCpuAttentionBwd")):
-                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+            for name, symbol in (
+                (FWD_TARGET, "TutorialCpuAttentionFwd"),
+                (BWD_TARGET, "TutorialCpuAttentionBwd"),
+            ):
+                jax.ffi.register_ffi_target(
+                    name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu"
+                )
         except Exception as err:  # noqa: BLE001  (any failure means: use the JAX kernel, and say why)
             why = f"{type(err).__name__}: {err}"
         _state["loaded"], _state["why_not"] = why is None, why
@@ -151,8 +174,10 @@ def use_compiled() -> bool:
         return False
     ok, why = load()
     if not ok and wanted == "cpp":
-        raise RuntimeError(f"TUTORIAL_CPU_KERNEL=cpp but the compiled kernel is unavailable: {why}. Install a C++ "
-                           "compiler (g++ or clang++), or unset TUTORIAL_CPU_KERNEL to use the JAX kernel.")
+        raise RuntimeError(
+            f"TUTORIAL_CPU_KERNEL=cpp but the compiled kernel is unavailable: {why}. Install a C++ "
+            "compiler (g++ or clang++), or unset TUTORIAL_CPU_KERNEL to use the JAX kernel."
+        )
     return ok
 
 
@@ -166,20 +191,30 @@ def status() -> str:
 
 
 def _check_shapes(q, k, v, lo, hi):
-    """Shape errors in Python, naming the argument, before the kernel would only say 'invalid argument'."""
+    """Shape errors in Python, naming the argument, before the kernel would only say 'invalid
+    argument'."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
-            raise ValueError(f"{name}.shape={tuple(x.shape)} must be [batch, seq, heads, head_dim]; reshape THD "
-                             "tokens to [1, tokens, heads, head_dim].")
+            raise ValueError(
+                f"{name}.shape={tuple(x.shape)} must be [batch, seq, heads, head_dim]; reshape THD "
+                "tokens to [1, tokens, heads, head_dim]."
+            )
     if k.shape[3] != q.shape[3] or v.shape[:3] != k.shape[:3] or k.shape[0] != q.shape[0]:
-        raise ValueError(f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}: q and k "
-                         "need one batch and head_dim, k and v one batch, length and head count.")
+        raise ValueError(
+            f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}: q and k"
+            " need one batch and head_dim, k and v one batch, length and head count."
+        )
     if q.shape[2] % k.shape[2]:
-        raise ValueError(f"q has {q.shape[2]} heads and k {k.shape[2]}: query heads must be a multiple of KV heads.")
+        raise ValueError(
+            f"q has {q.shape[2]} heads and k {k.shape[2]}: query heads must be a multiple of KV"
+            " heads."
+        )
     for name, x in (("lo", lo), ("hi", hi)):
         if tuple(x.shape) != tuple(q.shape[:2]):
-            raise ValueError(f"{name}.shape={tuple(x.shape)} must be q's [batch, seq] = {tuple(q.shape[:2])}: one "
-                             "inclusive key range per query row.")
+            raise ValueError(
+                f"{name}.shape={tuple(x.shape)} must be q's [batch, seq] = {tuple(q.shape[:2])}:"
+                " one inclusive key range per query row."
+            )
 
 
 def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
@@ -199,11 +234,20 @@ def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
     dv = v.shape[-1]
     use_sink = sink is not None
     sink = _sink_array(sink, hq)  # vanilla softmax: zeros the kernel ignores
-    shapes = (jax.ShapeDtypeStruct((b, sq, hq, dv), jnp.float32), jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
-              jax.ShapeDtypeStruct((b, hq, sq), jnp.float32))
+    shapes = (
+        jax.ShapeDtypeStruct((b, sq, hq, dv), jnp.float32),
+        jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
+        jax.ShapeDtypeStruct((b, hq, sq), jnp.float32),
+    )
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    return jax.ffi.ffi_call(FWD_TARGET, shapes)(*f32, lo.astype(jnp.int32), hi.astype(jnp.int32), sink,
-                                                scale=np.float32(scale), use_sink=np.int32(use_sink))
+    return jax.ffi.ffi_call(FWD_TARGET, shapes)(
+        *f32,
+        lo.astype(jnp.int32),
+        hi.astype(jnp.int32),
+        sink,
+        scale=np.float32(scale),
+        use_sink=np.int32(use_sink),
+    )
 
 
 def attention_bwd(q, k, v, lo, hi, out, lse, dout, sink, *, scale: float):
@@ -219,9 +263,17 @@ def attention_bwd(q, k, v, lo, hi, out, lse, dout, sink, *, scale: float):
     use_sink = sink is not None
     sink = _sink_array(sink, hq)  # vanilla softmax: zeros the kernel ignores
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v)) + (
-        jax.ShapeDtypeStruct((hq,), jnp.float32),)
+        jax.ShapeDtypeStruct((hq,), jnp.float32),
+    )
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    return jax.ffi.ffi_call(BWD_TARGET, shapes)(*f32, lo.astype(jnp.int32), hi.astype(jnp.int32),
-                                                out.astype(jnp.float32), lse.astype(jnp.float32),
-                                                dout.astype(jnp.float32), sink, scale=np.float32(scale),
-                                                use_sink=np.int32(use_sink))
+    return jax.ffi.ffi_call(BWD_TARGET, shapes)(
+        *f32,
+        lo.astype(jnp.int32),
+        hi.astype(jnp.int32),
+        out.astype(jnp.float32),
+        lse.astype(jnp.float32),
+        dout.astype(jnp.float32),
+        sink,
+        scale=np.float32(scale),
+        use_sink=np.int32(use_sink),
+    )

@@ -12,9 +12,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 
-
 from tutorial_utils.te_on_cpu import kernel as cpu_kernel
-
 from tutorial_utils.te_on_cpu.extension import (
     _THD_LAYOUTS,
     LSE_UNCOVERED,
@@ -52,7 +50,11 @@ def _query_segments(cu_seqlens, offsets, num_tokens):
     n = lens.shape[0]
     offs = _segment_offsets(offsets, n, num_tokens)
     t = jnp.arange(num_tokens, dtype=jnp.int32)
-    cover = (lens[:, None] > 0) & (t[None, :] >= offs[:, None]) & (t[None, :] < offs[:, None] + lens[:, None])
+    cover = (
+        (lens[:, None] > 0)
+        & (t[None, :] >= offs[:, None])
+        & (t[None, :] < offs[:, None] + lens[:, None])
+    )
     seg = jnp.max(jnp.where(cover, jnp.arange(n, dtype=jnp.int32)[:, None], -1), axis=0)
     return seg, jnp.where(seg >= 0, t - offs[jnp.maximum(seg, 0)], 0)
 
@@ -75,8 +77,11 @@ def _key_ranges(row_in_seg, len_q, kv_start, len_kv, covered, *, causal, bottom_
 
 def _mask_flags(mask_type):
     mask = NVTE_Mask_Type(int(mask_type))
-    padding = mask in (NVTE_Mask_Type.NVTE_PADDING_MASK, NVTE_Mask_Type.NVTE_PADDING_CAUSAL_MASK,
-                       NVTE_Mask_Type.NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+    padding = mask in (
+        NVTE_Mask_Type.NVTE_PADDING_MASK,
+        NVTE_Mask_Type.NVTE_PADDING_CAUSAL_MASK,
+        NVTE_Mask_Type.NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+    )
     causal = mask not in (NVTE_Mask_Type.NVTE_NO_MASK, NVTE_Mask_Type.NVTE_PADDING_MASK)
     return padding, causal
 
@@ -101,8 +106,11 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
 
     layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
     padding, causal = _mask_flags(config.attn_mask_type.value)
-    flags = dict(causal=causal, bottom_right=bool(config.bottom_right_diagonal),
-                 window=tuple(int(w) for w in config.effective_window_size))
+    flags = dict(
+        causal=causal,
+        bottom_right=bool(config.bottom_right_diagonal),
+        window=tuple(int(w) for w in config.effective_window_size),
+    )
     b, sq, skv = q.shape[0], q.shape[1], k.shape[1]
     spec = MaskSpec(bounds=True)
     if layout in _THD_LAYOUTS:
@@ -117,8 +125,8 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
         return [lo[None], rows, hi[None], rows], spec, True
     rows_q = jnp.broadcast_to(jnp.arange(sq, dtype=jnp.int32), (b, sq))
     if padding:
-        len_q = (q_cu[1:b + 1] - q_cu[:b]).astype(jnp.int32)[:, None]
-        len_kv = (kv_cu[1:b + 1] - kv_cu[:b]).astype(jnp.int32)[:, None]
+        len_q = (q_cu[1 : b + 1] - q_cu[:b]).astype(jnp.int32)[:, None]
+        len_kv = (kv_cu[1 : b + 1] - kv_cu[:b]).astype(jnp.int32)[:, None]
     else:
         len_q, len_kv = jnp.full((b, 1), sq, jnp.int32), jnp.full((b, 1), skv, jnp.int32)
     lo, hi = _key_ranges(rows_q, len_q, 0, len_kv, rows_q < len_q, **flags)
@@ -150,7 +158,8 @@ def _as_tokens(x, ragged):
 
 
 class _Problem:
-    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax, bias."""
+    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax,
+    bias."""
 
     def __init__(self, config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off):
         self.layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
@@ -164,7 +173,9 @@ class _Problem:
         self.tokens = tuple(_as_tokens(x, self.ragged) for x in self.qkv)
 
 
-def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out):
+def _fwd_kernel(
+    q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out
+):
     import jax.numpy as jnp
 
     from tutorial_utils.reference import blockwise_attention, dense_attention
@@ -179,7 +190,9 @@ def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, 
     elif cpu_kernel.use_compiled():
         out, lse, mx = cpu_kernel.attention_fwd(*pb.tokens, lo, hi, sink, scale=scale)
     else:
-        out, lse, mx = blockwise_attention(*args, scale=scale, spec=spec, sink=sink, return_max_logit=True)
+        out, lse, mx = blockwise_attention(
+            *args, scale=scale, spec=spec, sink=sink, return_max_logit=True
+        )
     out = out.reshape(b, sq, hq, -1).astype(avals_out[0].dtype)
     if ragged:
         covered = (lo <= hi).reshape(b, sq)[:, None, :]  # rows whose key range is not empty
@@ -193,32 +206,76 @@ def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, 
     if max_aval.shape == (0,):
         max_tensor = jnp.zeros((0,), max_aval.dtype)
     else:
-        max_tensor = (mx.transpose(0, 2, 1) if max_aval.shape[-2] == hq else mx)[..., None].reshape(max_aval.shape)
+        max_tensor = (mx.transpose(0, 2, 1) if max_aval.shape[-2] == hq else mx)[..., None].reshape(
+            max_aval.shape
+        )
     rng_state = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     workspace = jnp.zeros(avals_out[4].shape, avals_out[4].dtype)
     del seed
-    return [out, softmax_aux.astype(jnp.float32).reshape(avals_out[1].shape), max_tensor.astype(max_aval.dtype),
-            rng_state, workspace]
+    return [
+        out,
+        softmax_aux.astype(jnp.float32).reshape(avals_out[1].shape),
+        max_tensor.astype(max_aval.dtype),
+        rng_state,
+        workspace,
+    ]
 
 
-def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, doutput, q_cu, kv_cu, q_off, k_off,
-                *_segments, config, avals_out):
+def _bwd_kernel(
+    q,
+    k,
+    v,
+    bias,
+    softmax_offset,
+    softmax_aux,
+    rng_state,
+    output,
+    doutput,
+    q_cu,
+    kv_cu,
+    q_off,
+    k_off,
+    *_segments,
+    config,
+    avals_out,
+):
     import jax
     import jax.numpy as jnp
 
     from tutorial_utils.reference import blockwise_backward, dense_attention
 
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
-    layout, b, sq, hq, ragged, spec, scale, sink = pb.layout, pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
+    layout, b, sq, hq, ragged, spec, scale, sink = (
+        pb.layout,
+        pb.b,
+        pb.sq,
+        pb.hq,
+        pb.ragged,
+        pb.spec,
+        pb.scale,
+        pb.sink,
+    )
     bias_arr, ranges = pb.bias, pb.ranges
     qq, kk, vv = pb.qkv
     tq, tk, tv = pb.tokens
     tout, tdout = _as_tokens(output, ragged), _as_tokens(doutput, ragged)
     dbias = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     if bias_arr is not None:
-        def f(q_, k_, v_, bias_, sink_):  # vanilla softmax has no sink: a zero one would add exp(0) to each row
-            return dense_attention(q_, k_, v_, *ranges, scale=scale, spec=spec, sink=None if sink is None else sink_,
-                                   bias=bias_)[0]
+
+        def f(
+            q_, k_, v_, bias_, sink_
+        ):  # vanilla softmax has no sink: a zero one would add exp(0) to each row
+            return dense_attention(
+                q_,
+                k_,
+                v_,
+                *ranges,
+                scale=scale,
+                spec=spec,
+                sink=None if sink is None else sink_,
+                bias=bias_,
+            )[0]
+
         sink_in = jnp.zeros((hq,), jnp.float32) if sink is None else sink
         _, vjp = jax.vjp(f, tq, tk, tv, bias_arr.astype(jnp.float32), sink_in)
         dq, dk, dv, dbias_f, dsink = vjp(tdout.astype(tq.dtype))
@@ -226,14 +283,19 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
             dbias_f = dbias_f * scale
         dbias = dbias_f.reshape(avals_out[3].shape).astype(avals_out[3].dtype)
     else:
-        lse = (softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1) if ragged
-               else softmax_aux.reshape(b, hq, sq))
+        lse = (
+            softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1)
+            if ragged
+            else softmax_aux.reshape(b, hq, sq)
+        )
         if cpu_kernel.use_compiled():
-            dq, dk, dv, dsink = cpu_kernel.attention_bwd(tq, tk, tv, ranges[0], ranges[2], tout, lse, tdout, sink,
-                                                         scale=scale)
+            dq, dk, dv, dsink = cpu_kernel.attention_bwd(
+                tq, tk, tv, ranges[0], ranges[2], tout, lse, tdout, sink, scale=scale
+            )
         else:
-            dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec,
-                                                   sink=sink)
+            dq, dk, dv, dsink = blockwise_backward(
+                tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec, sink=sink
+            )
     dq, dk, dv = dq.reshape(qq.shape), dk.reshape(kk.shape), dv.reshape(vv.shape)
     if layout in (NVTE_QKV_Layout.NVTE_BS3HD, NVTE_QKV_Layout.NVTE_T3HD):
         dq, dk, dv = jnp.stack([dq, dk, dv], axis=-3), jnp.zeros_like(k), jnp.zeros_like(v)
@@ -244,8 +306,14 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     else:
         dsoftmax_offset = dsink.reshape(avals_out[4].shape)
     workspace = jnp.zeros(avals_out[5].shape, avals_out[5].dtype)
-    return [dq.astype(avals_out[0].dtype), dk.astype(avals_out[1].dtype), dv.astype(avals_out[2].dtype), dbias,
-            dsoftmax_offset.astype(avals_out[4].dtype), workspace]
+    return [
+        dq.astype(avals_out[0].dtype),
+        dk.astype(avals_out[1].dtype),
+        dv.astype(avals_out[2].dtype),
+        dbias,
+        dsoftmax_offset.astype(avals_out[4].dtype),
+        workspace,
+    ]
 
 
 def _lowering(kernel):
@@ -289,22 +357,32 @@ def install():
         return sys.modules["transformer_engine.jax"]
     existing = sys.modules.get(STANDIN_NAME)
     if existing is not None and not isinstance(existing, _StandInModule):
-        raise RuntimeError("the real transformer_engine_jax extension is already imported; the CPU stand-in is for "
-                           "machines without CUDA. Use TUTORIAL_TE_BACKEND=te there.")
+        raise RuntimeError(
+            "the real transformer_engine_jax extension is already imported; the CPU stand-in is for"
+            " machines without CUDA. Use TUTORIAL_TE_BACKEND=te there."
+        )
     try:
         # NVTE_PROJECT_BUILDING skips loading TE's CUDA core library. TE also warns that its
         # JAX extension's shared object is missing: true, and the reason for this module.
         with _env("NVTE_PROJECT_BUILDING", "1"), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*shared object file for the Transformer Engine Jax",
-                                    category=RuntimeWarning)
+            warnings.filterwarnings(
+                "ignore",
+                message=".*shared object file for the Transformer Engine Jax",
+                category=RuntimeWarning,
+            )
             common = importlib.import_module("transformer_engine.common")
     except ImportError as err:
-        raise ImportError("TE-on-CPU needs the pure-Python wheel: pip install 'transformer-engine==2.20.2' flax "
-                          f"(it is a dependency of this package; reinstall with `make venv`). Import failed: {err}") from err
+        raise ImportError(
+            "TE-on-CPU needs the pure-Python wheel: pip install 'transformer-engine==2.20.2' flax"
+            " (it is a dependency of this package; reinstall with `make venv`). Import failed:"
+            f" {err}"
+        ) from err
 
     def load_framework_extension(framework: str) -> None:
         if framework != "jax":
-            raise ImportError(f"the CPU stand-in provides only TE's JAX extension, not {framework!r}")
+            raise ImportError(
+                f"the CPU stand-in provides only TE's JAX extension, not {framework!r}"
+            )
         standin = sys.modules.setdefault(STANDIN_NAME, _make_standin())
         common.check_cudnn_version(standin.get_cudnn_version())
 
@@ -313,8 +391,12 @@ def install():
     from jax.interpreters import mlir
     from transformer_engine.jax.cpp_extensions import attention as te_attn
 
-    mlir.register_lowering(te_attn.FusedAttnFwdPrimitive.inner_primitive, _lowering(_fwd_kernel), platform="cpu")
-    mlir.register_lowering(te_attn.FusedAttnBwdPrimitive.inner_primitive, _lowering(_bwd_kernel), platform="cpu")
+    mlir.register_lowering(
+        te_attn.FusedAttnFwdPrimitive.inner_primitive, _lowering(_fwd_kernel), platform="cpu"
+    )
+    mlir.register_lowering(
+        te_attn.FusedAttnBwdPrimitive.inner_primitive, _lowering(_bwd_kernel), platform="cpu"
+    )
     _state["installed"] = True
     return te_jax
 
@@ -332,5 +414,3 @@ def allow_fp32(enabled: bool = True):
         yield
     finally:
         _state["allow_fp32"] = old
-
-

@@ -6,22 +6,28 @@ import importlib
 import os
 import sys
 
-
-
 from tutorial_utils.te_on_cpu.extension import BACKEND_DESCRIPTION
 
-# ----------------------------------------------------------------------------- the runner for unmodified scripts
+# ----------------------------------------------------------------------------- the runner for unmod
 
 #: Frameworks a script may try to import that the runner cannot stand in for (TE's JAX API only).
-OTHER_FRAMEWORKS = ("torch", "tensorflow", "paddle", "transformer_engine.pytorch", "transformer_engine.paddle")
+OTHER_FRAMEWORKS = (
+    "torch",
+    "tensorflow",
+    "paddle",
+    "transformer_engine.pytorch",
+    "transformer_engine.paddle",
+)
 
 
 class _OtherFrameworkError(ModuleNotFoundError):
-    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still fall back)."""
+    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still
+    fall back)."""
 
 
 def _probing() -> bool:
-    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not by an import.
+    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not
+    by an import.
 
     Libraries probe for optional frameworks that way (etils, behind JAX's persistent compilation
     cache, asks for TensorFlow); a probe must read "not installed", not fail.
@@ -31,21 +37,29 @@ def _probing() -> bool:
         if frame is None:
             return False
         code = frame.f_code
-        if code.co_name == "find_spec" and "importlib" in code.co_filename and "util" in code.co_filename:
+        if (
+            code.co_name == "find_spec"
+            and "importlib" in code.co_filename
+            and "util" in code.co_filename
+        ):
             return True
         frame = frame.f_back
     return False
 
 
 class _RefuseOtherFrameworks:
-    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming the fix."""
+    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming
+    the fix."""
 
     def find_spec(self, name, path=None, target=None):
         if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS) and not _probing():
             raise _OtherFrameworkError(
-                f"`import {name}`: `python -m tutorial_utils.te_on_cpu` runs scripts written against TE's JAX API "
-                "(transformer_engine.jax) on CPU; it cannot run PyTorch, TensorFlow or Paddle code. Port the script to "
-                "transformer_engine.jax, or run it on a GPU node with the real framework.", name=name)
+                f"`import {name}`: `python -m tutorial_utils.te_on_cpu` runs scripts written"
+                " against TE's JAX API (transformer_engine.jax) on CPU; it cannot run PyTorch,"
+                " TensorFlow or Paddle code. Port the script to transformer_engine.jax, or run it"
+                " on a GPU node with the real framework.",
+                name=name,
+            )
         return None
 
 
@@ -57,10 +71,18 @@ def _parse_runner_args(argv):
 
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_utils.te_on_cpu",
-        description="Run an unmodified script written against TransformerEngine's JAX API on CPU: TE's own Python, "
-                    "a reference kernel in place of cuDNN, N simulated devices.")
-    parser.add_argument("--devices", type=int, default=4, metavar="N",
-                        help="simulated CPU devices (default 4, the published CP tutorial's cp_size)")
+        description=(
+            "Run an unmodified script written against TransformerEngine's JAX API on CPU: TE's own"
+            " Python, a reference kernel in place of cuDNN, N simulated devices."
+        ),
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=4,
+        metavar="N",
+        help="simulated CPU devices (default 4, the published CP tutorial's cp_size)",
+    )
     parser.add_argument("script", help="the Python script to run as __main__")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     ns = parser.parse_args(argv)
@@ -80,7 +102,11 @@ def simulate_cpu_devices(n: int) -> None:
     """
     import jax
 
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax.config.update("jax_platforms", "cpu")
@@ -103,10 +129,15 @@ def main(argv=None) -> int:
     te_jax = runtime.install()
     version = getattr(importlib.import_module("transformer_engine"), "__version__", "?")
     sys.meta_path.insert(0, _RefuseOtherFrameworks())
-    if not os.environ.get(_CHILD_MARK):  # processes a script starts with the same command line stay quiet
-        print(f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on "
-              f"{ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are not GPU numbers",
-              flush=True)
+    if not os.environ.get(
+        _CHILD_MARK
+    ):  # processes a script starts with the same command line stay quiet
+        print(
+            f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on"
+            f" {ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are"
+            " not GPU numbers",
+            flush=True,
+        )
     os.environ[_CHILD_MARK] = "1"
     del te_jax
     sys.argv = [ns.script, *ns.args]

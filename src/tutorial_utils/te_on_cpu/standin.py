@@ -45,8 +45,15 @@ import numpy as np
 
 from . import cpu_kernel
 
-__all__ = ["install", "installed", "allow_fp32", "STANDIN_NAME", "CUDNN_CONTRACT", "BACKEND_DESCRIPTION",
-           "LSE_UNCOVERED"]
+__all__ = [
+    "install",
+    "installed",
+    "allow_fp32",
+    "STANDIN_NAME",
+    "CUDNN_CONTRACT",
+    "BACKEND_DESCRIPTION",
+    "LSE_UNCOVERED",
+]
 
 STANDIN_NAME = "transformer_engine_jax"
 #: The cuDNN release whose contract the kernel follows: the oldest TE 2.20.2 accepts.
@@ -60,7 +67,8 @@ LSE_UNCOVERED = float(np.frombuffer(b"\xf0\xf0\xf0\xf0", np.float32)[0])
 _state = {"installed": False, "allow_fp32": False}
 
 
-# ----------------------------------------------------------------------------- enums (TE's C values)
+# ----------------------------------------------------------------------------- enums (TE's C values
+
 
 class DType(enum.IntEnum):
     kByte = 0
@@ -120,27 +128,80 @@ class NVTE_Fused_Attn_Backend(enum.IntEnum):
     NVTE_FP8 = 2
 
 
-NVTE_Activation_Type = enum.IntEnum("NVTE_Activation_Type", [
-    (n, i) for i, n in enumerate(["GELU", "GEGLU", "GLU", "SILU", "SWIGLU", "RELU", "REGLU", "QGELU", "QGEGLU",
-                                  "SRELU", "SREGLU", "CLAMPED_SWIGLU"])])
+NVTE_Activation_Type = enum.IntEnum(
+    "NVTE_Activation_Type",
+    [
+        (n, i)
+        for i, n in enumerate(
+            [
+                "GELU",
+                "GEGLU",
+                "GLU",
+                "SILU",
+                "SWIGLU",
+                "RELU",
+                "REGLU",
+                "QGELU",
+                "QGEGLU",
+                "SRELU",
+                "SREGLU",
+                "CLAMPED_SWIGLU",
+            ]
+        )
+    ],
+)
 NVTE_Norm_Type = enum.IntEnum("NVTE_Norm_Type", [("LayerNorm", 0), ("RMSNorm", 1)])
-JAXX_Scaling_Mode = enum.IntEnum("JAXX_Scaling_Mode", [
-    ("NO_SCALING", 0), ("DELAYED_TENSOR_SCALING", 1), ("MXFP8_1D_SCALING", 2), ("CURRENT_TENSOR_SCALING", 3),
-    ("NVFP4_1D_SCALING", 4), ("NVFP4_2D_SCALING", 5)])
-JAXX_Quantize_Layout = enum.IntEnum("JAXX_Quantize_Layout", [("ROWWISE", 0), ("COLWISE", 1), ("ROWWISE_COLWISE", 2)])
-JAXX_Score_Function = enum.IntEnum("JAXX_Score_Function", [("SIGMOID", 0), ("SOFTMAX", 1), ("SQRTSOFTPLUS", 2)])
-JAXX_Routing_Map_Format = enum.IntEnum("JAXX_Routing_Map_Format", [("BYTEMAP", 0), ("BITMAP_U8", 1)])
-JAXX_Collective_Op = enum.IntEnum("JAXX_Collective_Op", [("NONE", 0), ("ALL_GATHER", 1), ("REDUCE_SCATTER", 2)])
+JAXX_Scaling_Mode = enum.IntEnum(
+    "JAXX_Scaling_Mode",
+    [
+        ("NO_SCALING", 0),
+        ("DELAYED_TENSOR_SCALING", 1),
+        ("MXFP8_1D_SCALING", 2),
+        ("CURRENT_TENSOR_SCALING", 3),
+        ("NVFP4_1D_SCALING", 4),
+        ("NVFP4_2D_SCALING", 5),
+    ],
+)
+JAXX_Quantize_Layout = enum.IntEnum(
+    "JAXX_Quantize_Layout", [("ROWWISE", 0), ("COLWISE", 1), ("ROWWISE_COLWISE", 2)]
+)
+JAXX_Score_Function = enum.IntEnum(
+    "JAXX_Score_Function", [("SIGMOID", 0), ("SOFTMAX", 1), ("SQRTSOFTPLUS", 2)]
+)
+JAXX_Routing_Map_Format = enum.IntEnum(
+    "JAXX_Routing_Map_Format", [("BYTEMAP", 0), ("BITMAP_U8", 1)]
+)
+JAXX_Collective_Op = enum.IntEnum(
+    "JAXX_Collective_Op", [("NONE", 0), ("ALL_GATHER", 1), ("REDUCE_SCATTER", 2)]
+)
 
-_ENUMS = [DType, NVTE_Bias_Type, NVTE_Mask_Type, NVTE_QKV_Layout, NVTE_QKV_Format, NVTE_Softmax_Type,
-          NVTE_Fused_Attn_Backend, NVTE_Activation_Type, NVTE_Norm_Type, JAXX_Scaling_Mode, JAXX_Quantize_Layout,
-          JAXX_Score_Function, JAXX_Routing_Map_Format, JAXX_Collective_Op]
+_ENUMS = [
+    DType,
+    NVTE_Bias_Type,
+    NVTE_Mask_Type,
+    NVTE_QKV_Layout,
+    NVTE_QKV_Format,
+    NVTE_Softmax_Type,
+    NVTE_Fused_Attn_Backend,
+    NVTE_Activation_Type,
+    NVTE_Norm_Type,
+    JAXX_Scaling_Mode,
+    JAXX_Quantize_Layout,
+    JAXX_Score_Function,
+    JAXX_Routing_Map_Format,
+    JAXX_Collective_Op,
+]
 
-_THD_LAYOUTS = {NVTE_QKV_Layout.NVTE_T3HD, NVTE_QKV_Layout.NVTE_THD_T2HD, NVTE_QKV_Layout.NVTE_THD_THD_THD}
+_THD_LAYOUTS = {
+    NVTE_QKV_Layout.NVTE_T3HD,
+    NVTE_QKV_Layout.NVTE_THD_T2HD,
+    NVTE_QKV_Layout.NVTE_THD_THD_THD,
+}
 _SUPPORTED_DTYPES = {DType.kFloat16, DType.kBFloat16}
 
 
-# ----------------------------------------------------------------------------- the C functions TE's Python calls
+# ----------------------------------------------------------------------------- the C functions TE's
+
 
 def nvte_get_qkv_format(qkv_layout) -> NVTE_QKV_Format:
     layout = NVTE_QKV_Layout(int(qkv_layout))
@@ -159,22 +220,35 @@ def unsupported_reason(params) -> str:
     """
     dtype = DType(int(params.qkv_dtype))
     if dtype not in _SUPPORTED_DTYPES and not (dtype == DType.kFloat32 and _state["allow_fp32"]):
-        return (f"qkv dtype {dtype.name}: cuDNN fused attention (and this CPU stand-in for it) takes float16 or "
-                "bfloat16; cast q/k/v with .astype(jnp.bfloat16)")
+        return (
+            f"qkv dtype {dtype.name}: cuDNN fused attention (and this CPU stand-in for it) takes"
+            " float16 or bfloat16; cast q/k/v with .astype(jnp.bfloat16)"
+        )
     if int(params.scaling_mode) != JAXX_Scaling_Mode.NO_SCALING:
-        return f"scaling_mode={JAXX_Scaling_Mode(int(params.scaling_mode)).name}: FP8/FP4 attention needs real cuDNN on a GPU"
+        return (
+            f"scaling_mode={JAXX_Scaling_Mode(int(params.scaling_mode)).name}: FP8/FP4 attention"
+            " needs real cuDNN on a GPU"
+        )
     if params.dropout and params.is_training:
-        return (f"dropout_probability={params.dropout} with is_training=True: the CPU kernel cannot reproduce "
-                "cuDNN's dropout RNG; use 0.0 (or run on a GPU)")
+        return (
+            f"dropout_probability={params.dropout} with is_training=True: the CPU kernel cannot"
+            " reproduce cuDNN's dropout RNG; use 0.0 (or run on a GPU)"
+        )
     bias = NVTE_Bias_Type(int(params.bias_type))
     if bias == NVTE_Bias_Type.NVTE_ALIBI:
-        return "attn_bias_type=ALIBI is not supported by the CPU kernel; pass an explicit POST_SCALE_BIAS tensor"
+        return (
+            "attn_bias_type=ALIBI is not supported by the CPU kernel; pass an explicit"
+            " POST_SCALE_BIAS tensor"
+        )
     layout = NVTE_QKV_Layout(int(params.qkv_layout))
     if bias != NVTE_Bias_Type.NVTE_NO_BIAS and layout in _THD_LAYOUTS:
         return f"attn_bias_type={bias.name} with qkv_layout={layout.name}: bias needs a BSHD layout"
     if params.num_gqa_groups < 1 or params.num_attn_heads % params.num_gqa_groups:
-        return (f"num_gqa_groups={params.num_gqa_groups} does not divide num_attn_heads={params.num_attn_heads}; "
-                "use a KV head count that divides the query head count")
+        return (
+            f"num_gqa_groups={params.num_gqa_groups} does not divide"
+            f" num_attn_heads={params.num_attn_heads}; use a KV head count that divides the query"
+            " head count"
+        )
     left, right = int(params.window_size_left), int(params.window_size_right)
     if left < -1 or right < -1:
         return f"window_size=({left}, {right}): each side must be -1 (unbounded) or >= 0"
@@ -229,40 +303,71 @@ def is_collective_gemm_with_cublasmp() -> bool:
 
 def get_grouped_gemm_setup_workspace_size(num_groups):
     # TE probes this at import; an error mentioning cuBLAS makes it disable that GEMM path.
-    raise RuntimeError("transformer_engine_jax.get_grouped_gemm_setup_workspace_size: no cuBLAS in the CPU stand-in")
+    raise RuntimeError(
+        "transformer_engine_jax.get_grouped_gemm_setup_workspace_size: no cuBLAS in the CPU"
+        " stand-in"
+    )
 
 
 _UNIMPLEMENTED = [
-    "get_cuda_version", "get_cublasLt_version", "get_cudnn_frontend_version", "get_norm_fwd_workspace_sizes",
-    "get_norm_bwd_workspace_sizes", "get_dact_dbias_quantize_workspace_sizes", "get_dbias_quantize_workspace_sizes",
-    "get_topk_workspace_sizes", "initialize_cgemm_communicator", "get_cgemm_num_max_streams",
-    "is_non_nt_fp8_gemm_supported", "set_ep_bootstrap_params", "release_ep_resources",
-    "release_ep_resources_at_exit", "ep_handle_mem_size",
+    "get_cuda_version",
+    "get_cublasLt_version",
+    "get_cudnn_frontend_version",
+    "get_norm_fwd_workspace_sizes",
+    "get_norm_bwd_workspace_sizes",
+    "get_dact_dbias_quantize_workspace_sizes",
+    "get_dbias_quantize_workspace_sizes",
+    "get_topk_workspace_sizes",
+    "initialize_cgemm_communicator",
+    "get_cgemm_num_max_streams",
+    "is_non_nt_fp8_gemm_supported",
+    "set_ep_bootstrap_params",
+    "release_ep_resources",
+    "release_ep_resources_at_exit",
+    "ep_handle_mem_size",
 ]
 
 
 def _unimplemented(name):
     def call(*_args, **_kwargs):
         raise NotImplementedError(
-            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in (tutorial_utils.tools.te_on_cpu): only "
-            "fused attention runs on CPU. Run on a GPU node with real TransformerEngine for this feature.")
+            f"transformer_engine_jax.{name} is not implemented by the CPU stand-in"
+            " (tutorial_utils.tools.te_on_cpu): only fused attention runs on CPU. Run on a GPU"
+            " node with real TransformerEngine for this feature."
+        )
+
     call.__name__ = name
     return call
 
 
 class _StandInModule(types.ModuleType):
     def __getattr__(self, name):
-        raise AttributeError(f"transformer_engine_jax.{name} does not exist in the CPU stand-in (tutorial_utils.tools.te_on_cpu)")
+        raise AttributeError(
+            f"transformer_engine_jax.{name} does not exist in the CPU stand-in"
+            " (tutorial_utils.tools.te_on_cpu)"
+        )
 
 
 def _make_standin() -> types.ModuleType:
-    mod = _StandInModule(STANDIN_NAME, "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.tools.te_on_cpu)")
+    mod = _StandInModule(
+        STANDIN_NAME,
+        "CPU stand-in for TransformerEngine's JAX extension (tutorial_utils.tools.te_on_cpu)",
+    )
     for e in _ENUMS:
         setattr(mod, e.__name__, e)
-    for fn in (nvte_get_qkv_format, get_fused_attn_backend, get_fused_attn_fwd_workspace_sizes,
-               get_fused_attn_bwd_workspace_sizes, get_device_compute_capability, get_cudnn_version, registrations,
-               get_num_compute_streams, nvte_built_with_cublasmp, is_collective_gemm_with_cublasmp,
-               get_grouped_gemm_setup_workspace_size):
+    for fn in (
+        nvte_get_qkv_format,
+        get_fused_attn_backend,
+        get_fused_attn_fwd_workspace_sizes,
+        get_fused_attn_bwd_workspace_sizes,
+        get_device_compute_capability,
+        get_cudnn_version,
+        registrations,
+        get_num_compute_streams,
+        nvte_built_with_cublasmp,
+        is_collective_gemm_with_cublasmp,
+        get_grouped_gemm_setup_workspace_size,
+    ):
         setattr(mod, fn.__name__, fn)
     for name in _UNIMPLEMENTED:
         setattr(mod, name, _unimplemented(name))
@@ -294,7 +399,11 @@ def _query_segments(cu_seqlens, offsets, num_tokens):
     n = lens.shape[0]
     offs = _segment_offsets(offsets, n, num_tokens)
     t = jnp.arange(num_tokens, dtype=jnp.int32)
-    cover = (lens[:, None] > 0) & (t[None, :] >= offs[:, None]) & (t[None, :] < offs[:, None] + lens[:, None])
+    cover = (
+        (lens[:, None] > 0)
+        & (t[None, :] >= offs[:, None])
+        & (t[None, :] < offs[:, None] + lens[:, None])
+    )
     seg = jnp.max(jnp.where(cover, jnp.arange(n, dtype=jnp.int32)[:, None], -1), axis=0)
     return seg, jnp.where(seg >= 0, t - offs[jnp.maximum(seg, 0)], 0)
 
@@ -317,8 +426,11 @@ def _key_ranges(row_in_seg, len_q, kv_start, len_kv, covered, *, causal, bottom_
 
 def _mask_flags(mask_type):
     mask = NVTE_Mask_Type(int(mask_type))
-    padding = mask in (NVTE_Mask_Type.NVTE_PADDING_MASK, NVTE_Mask_Type.NVTE_PADDING_CAUSAL_MASK,
-                       NVTE_Mask_Type.NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK)
+    padding = mask in (
+        NVTE_Mask_Type.NVTE_PADDING_MASK,
+        NVTE_Mask_Type.NVTE_PADDING_CAUSAL_MASK,
+        NVTE_Mask_Type.NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
+    )
     causal = mask not in (NVTE_Mask_Type.NVTE_NO_MASK, NVTE_Mask_Type.NVTE_PADDING_MASK)
     return padding, causal
 
@@ -343,8 +455,11 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
 
     layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
     padding, causal = _mask_flags(config.attn_mask_type.value)
-    flags = dict(causal=causal, bottom_right=bool(config.bottom_right_diagonal),
-                 window=tuple(int(w) for w in config.effective_window_size))
+    flags = dict(
+        causal=causal,
+        bottom_right=bool(config.bottom_right_diagonal),
+        window=tuple(int(w) for w in config.effective_window_size),
+    )
     b, sq, skv = q.shape[0], q.shape[1], k.shape[1]
     spec = MaskSpec(bounds=True)
     if layout in _THD_LAYOUTS:
@@ -359,8 +474,8 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
         return [lo[None], rows, hi[None], rows], spec, True
     rows_q = jnp.broadcast_to(jnp.arange(sq, dtype=jnp.int32), (b, sq))
     if padding:
-        len_q = (q_cu[1:b + 1] - q_cu[:b]).astype(jnp.int32)[:, None]
-        len_kv = (kv_cu[1:b + 1] - kv_cu[:b]).astype(jnp.int32)[:, None]
+        len_q = (q_cu[1 : b + 1] - q_cu[:b]).astype(jnp.int32)[:, None]
+        len_kv = (kv_cu[1 : b + 1] - kv_cu[:b]).astype(jnp.int32)[:, None]
     else:
         len_q, len_kv = jnp.full((b, 1), sq, jnp.int32), jnp.full((b, 1), skv, jnp.int32)
     lo, hi = _key_ranges(rows_q, len_q, 0, len_kv, rows_q < len_q, **flags)
@@ -392,7 +507,8 @@ def _as_tokens(x, ragged):
 
 
 class _Problem:
-    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax, bias."""
+    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax,
+    bias."""
 
     def __init__(self, config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off):
         self.layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
@@ -406,7 +522,9 @@ class _Problem:
         self.tokens = tuple(_as_tokens(x, self.ragged) for x in self.qkv)
 
 
-def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out):
+def _fwd_kernel(
+    q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out
+):
     import jax.numpy as jnp
 
     from ..reference import blockwise_attention, dense_attention
@@ -421,7 +539,9 @@ def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, 
     elif cpu_kernel.use_compiled():
         out, lse, mx = cpu_kernel.attention_fwd(*pb.tokens, lo, hi, sink, scale=scale)
     else:
-        out, lse, mx = blockwise_attention(*args, scale=scale, spec=spec, sink=sink, return_max_logit=True)
+        out, lse, mx = blockwise_attention(
+            *args, scale=scale, spec=spec, sink=sink, return_max_logit=True
+        )
     out = out.reshape(b, sq, hq, -1).astype(avals_out[0].dtype)
     if ragged:
         covered = (lo <= hi).reshape(b, sq)[:, None, :]  # rows whose key range is not empty
@@ -435,32 +555,76 @@ def _fwd_kernel(q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, 
     if max_aval.shape == (0,):
         max_tensor = jnp.zeros((0,), max_aval.dtype)
     else:
-        max_tensor = (mx.transpose(0, 2, 1) if max_aval.shape[-2] == hq else mx)[..., None].reshape(max_aval.shape)
+        max_tensor = (mx.transpose(0, 2, 1) if max_aval.shape[-2] == hq else mx)[..., None].reshape(
+            max_aval.shape
+        )
     rng_state = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     workspace = jnp.zeros(avals_out[4].shape, avals_out[4].dtype)
     del seed
-    return [out, softmax_aux.astype(jnp.float32).reshape(avals_out[1].shape), max_tensor.astype(max_aval.dtype),
-            rng_state, workspace]
+    return [
+        out,
+        softmax_aux.astype(jnp.float32).reshape(avals_out[1].shape),
+        max_tensor.astype(max_aval.dtype),
+        rng_state,
+        workspace,
+    ]
 
 
-def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, doutput, q_cu, kv_cu, q_off, k_off,
-                *_segments, config, avals_out):
+def _bwd_kernel(
+    q,
+    k,
+    v,
+    bias,
+    softmax_offset,
+    softmax_aux,
+    rng_state,
+    output,
+    doutput,
+    q_cu,
+    kv_cu,
+    q_off,
+    k_off,
+    *_segments,
+    config,
+    avals_out,
+):
     import jax
     import jax.numpy as jnp
 
     from ..reference import blockwise_backward, dense_attention
 
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
-    layout, b, sq, hq, ragged, spec, scale, sink = pb.layout, pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
+    layout, b, sq, hq, ragged, spec, scale, sink = (
+        pb.layout,
+        pb.b,
+        pb.sq,
+        pb.hq,
+        pb.ragged,
+        pb.spec,
+        pb.scale,
+        pb.sink,
+    )
     bias_arr, ranges = pb.bias, pb.ranges
     qq, kk, vv = pb.qkv
     tq, tk, tv = pb.tokens
     tout, tdout = _as_tokens(output, ragged), _as_tokens(doutput, ragged)
     dbias = jnp.zeros(avals_out[3].shape, avals_out[3].dtype)
     if bias_arr is not None:
-        def f(q_, k_, v_, bias_, sink_):  # vanilla softmax has no sink: a zero one would add exp(0) to each row
-            return dense_attention(q_, k_, v_, *ranges, scale=scale, spec=spec, sink=None if sink is None else sink_,
-                                   bias=bias_)[0]
+
+        def f(
+            q_, k_, v_, bias_, sink_
+        ):  # vanilla softmax has no sink: a zero one would add exp(0) to each row
+            return dense_attention(
+                q_,
+                k_,
+                v_,
+                *ranges,
+                scale=scale,
+                spec=spec,
+                sink=None if sink is None else sink_,
+                bias=bias_,
+            )[0]
+
         sink_in = jnp.zeros((hq,), jnp.float32) if sink is None else sink
         _, vjp = jax.vjp(f, tq, tk, tv, bias_arr.astype(jnp.float32), sink_in)
         dq, dk, dv, dbias_f, dsink = vjp(tdout.astype(tq.dtype))
@@ -468,14 +632,19 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
             dbias_f = dbias_f * scale
         dbias = dbias_f.reshape(avals_out[3].shape).astype(avals_out[3].dtype)
     else:
-        lse = (softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1) if ragged
-               else softmax_aux.reshape(b, hq, sq))
+        lse = (
+            softmax_aux.reshape(1, b * sq, hq).transpose(0, 2, 1)
+            if ragged
+            else softmax_aux.reshape(b, hq, sq)
+        )
         if cpu_kernel.use_compiled():
-            dq, dk, dv, dsink = cpu_kernel.attention_bwd(tq, tk, tv, ranges[0], ranges[2], tout, lse, tdout, sink,
-                                                         scale=scale)
+            dq, dk, dv, dsink = cpu_kernel.attention_bwd(
+                tq, tk, tv, ranges[0], ranges[2], tout, lse, tdout, sink, scale=scale
+            )
         else:
-            dq, dk, dv, dsink = blockwise_backward(tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec,
-                                                   sink=sink)
+            dq, dk, dv, dsink = blockwise_backward(
+                tq, tk, tv, *ranges, tout, lse, tdout, scale=scale, spec=spec, sink=sink
+            )
     dq, dk, dv = dq.reshape(qq.shape), dk.reshape(kk.shape), dv.reshape(vv.shape)
     if layout in (NVTE_QKV_Layout.NVTE_BS3HD, NVTE_QKV_Layout.NVTE_T3HD):
         dq, dk, dv = jnp.stack([dq, dk, dv], axis=-3), jnp.zeros_like(k), jnp.zeros_like(v)
@@ -486,8 +655,14 @@ def _bwd_kernel(q, k, v, bias, softmax_offset, softmax_aux, rng_state, output, d
     else:
         dsoftmax_offset = dsink.reshape(avals_out[4].shape)
     workspace = jnp.zeros(avals_out[5].shape, avals_out[5].dtype)
-    return [dq.astype(avals_out[0].dtype), dk.astype(avals_out[1].dtype), dv.astype(avals_out[2].dtype), dbias,
-            dsoftmax_offset.astype(avals_out[4].dtype), workspace]
+    return [
+        dq.astype(avals_out[0].dtype),
+        dk.astype(avals_out[1].dtype),
+        dv.astype(avals_out[2].dtype),
+        dbias,
+        dsoftmax_offset.astype(avals_out[4].dtype),
+        workspace,
+    ]
 
 
 def _lowering(kernel):
@@ -531,22 +706,32 @@ def install():
         return sys.modules["transformer_engine.jax"]
     existing = sys.modules.get(STANDIN_NAME)
     if existing is not None and not isinstance(existing, _StandInModule):
-        raise RuntimeError("the real transformer_engine_jax extension is already imported; the CPU stand-in is for "
-                           "machines without CUDA. Use TUTORIAL_TE_BACKEND=te there.")
+        raise RuntimeError(
+            "the real transformer_engine_jax extension is already imported; the CPU stand-in is for"
+            " machines without CUDA. Use TUTORIAL_TE_BACKEND=te there."
+        )
     try:
         # NVTE_PROJECT_BUILDING skips loading TE's CUDA core library. TE also warns that its
         # JAX extension's shared object is missing: true, and the reason for this module.
         with _env("NVTE_PROJECT_BUILDING", "1"), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*shared object file for the Transformer Engine Jax",
-                                    category=RuntimeWarning)
+            warnings.filterwarnings(
+                "ignore",
+                message=".*shared object file for the Transformer Engine Jax",
+                category=RuntimeWarning,
+            )
             common = importlib.import_module("transformer_engine.common")
     except ImportError as err:
-        raise ImportError("TE-on-CPU needs the pure-Python wheel: pip install 'transformer-engine==2.20.2' flax "
-                          f"(it is a dependency of this package; reinstall with `make venv`). Import failed: {err}") from err
+        raise ImportError(
+            "TE-on-CPU needs the pure-Python wheel: pip install 'transformer-engine==2.20.2' flax"
+            " (it is a dependency of this package; reinstall with `make venv`). Import failed:"
+            f" {err}"
+        ) from err
 
     def load_framework_extension(framework: str) -> None:
         if framework != "jax":
-            raise ImportError(f"the CPU stand-in provides only TE's JAX extension, not {framework!r}")
+            raise ImportError(
+                f"the CPU stand-in provides only TE's JAX extension, not {framework!r}"
+            )
         standin = sys.modules.setdefault(STANDIN_NAME, _make_standin())
         common.check_cudnn_version(standin.get_cudnn_version())
 
@@ -555,8 +740,12 @@ def install():
     from jax.interpreters import mlir
     from transformer_engine.jax.cpp_extensions import attention as te_attn
 
-    mlir.register_lowering(te_attn.FusedAttnFwdPrimitive.inner_primitive, _lowering(_fwd_kernel), platform="cpu")
-    mlir.register_lowering(te_attn.FusedAttnBwdPrimitive.inner_primitive, _lowering(_bwd_kernel), platform="cpu")
+    mlir.register_lowering(
+        te_attn.FusedAttnFwdPrimitive.inner_primitive, _lowering(_fwd_kernel), platform="cpu"
+    )
+    mlir.register_lowering(
+        te_attn.FusedAttnBwdPrimitive.inner_primitive, _lowering(_bwd_kernel), platform="cpu"
+    )
     _state["installed"] = True
     return te_jax
 
@@ -576,18 +765,26 @@ def allow_fp32(enabled: bool = True):
         _state["allow_fp32"] = old
 
 
-# ----------------------------------------------------------------------------- the runner for unmodified scripts
+# ----------------------------------------------------------------------------- the runner for unmod
 
 #: Frameworks a script may try to import that the runner cannot stand in for (TE's JAX API only).
-OTHER_FRAMEWORKS = ("torch", "tensorflow", "paddle", "transformer_engine.pytorch", "transformer_engine.paddle")
+OTHER_FRAMEWORKS = (
+    "torch",
+    "tensorflow",
+    "paddle",
+    "transformer_engine.pytorch",
+    "transformer_engine.paddle",
+)
 
 
 class _OtherFrameworkError(ModuleNotFoundError):
-    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still fall back)."""
+    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still
+    fall back)."""
 
 
 def _probing() -> bool:
-    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not by an import.
+    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not
+    by an import.
 
     Libraries probe for optional frameworks that way (etils, behind JAX's persistent compilation
     cache, asks for TensorFlow); a probe must read "not installed", not fail.
@@ -597,21 +794,29 @@ def _probing() -> bool:
         if frame is None:
             return False
         code = frame.f_code
-        if code.co_name == "find_spec" and "importlib" in code.co_filename and "util" in code.co_filename:
+        if (
+            code.co_name == "find_spec"
+            and "importlib" in code.co_filename
+            and "util" in code.co_filename
+        ):
             return True
         frame = frame.f_back
     return False
 
 
 class _RefuseOtherFrameworks:
-    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming the fix."""
+    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming
+    the fix."""
 
     def find_spec(self, name, path=None, target=None):
         if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS) and not _probing():
             raise _OtherFrameworkError(
-                f"`import {name}`: `python -m tutorial_utils.tools.te_on_cpu` runs scripts written against TE's JAX API "
-                "(transformer_engine.jax) on CPU; it cannot run PyTorch, TensorFlow or Paddle code. Port the script to "
-                "transformer_engine.jax, or run it on a GPU node with the real framework.", name=name)
+                f"`import {name}`: `python -m tutorial_utils.tools.te_on_cpu` runs scripts written"
+                " against TE's JAX API (transformer_engine.jax) on CPU; it cannot run PyTorch,"
+                " TensorFlow or Paddle code. Port the script to transformer_engine.jax, or run it"
+                " on a GPU node with the real framework.",
+                name=name,
+            )
         return None
 
 
@@ -623,10 +828,18 @@ def _parse_runner_args(argv):
 
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_utils.tools.te_on_cpu",
-        description="Run an unmodified script written against TransformerEngine's JAX API on CPU: TE's own Python, "
-                    "a reference kernel in place of cuDNN, N simulated devices.")
-    parser.add_argument("--devices", type=int, default=4, metavar="N",
-                        help="simulated CPU devices (default 4, the published CP tutorial's cp_size)")
+        description=(
+            "Run an unmodified script written against TransformerEngine's JAX API on CPU: TE's own"
+            " Python, a reference kernel in place of cuDNN, N simulated devices."
+        ),
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=4,
+        metavar="N",
+        help="simulated CPU devices (default 4, the published CP tutorial's cp_size)",
+    )
     parser.add_argument("script", help="the Python script to run as __main__")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     ns = parser.parse_args(argv)
@@ -646,7 +859,11 @@ def simulate_cpu_devices(n: int) -> None:
     """
     import jax
 
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax.config.update("jax_platforms", "cpu")
@@ -669,10 +886,15 @@ def main(argv=None) -> int:
     te_jax = runtime.install()
     version = getattr(importlib.import_module("transformer_engine"), "__version__", "?")
     sys.meta_path.insert(0, _RefuseOtherFrameworks())
-    if not os.environ.get(_CHILD_MARK):  # processes a script starts with the same command line stay quiet
-        print(f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on "
-              f"{ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are not GPU numbers",
-              flush=True)
+    if not os.environ.get(
+        _CHILD_MARK
+    ):  # processes a script starts with the same command line stay quiet
+        print(
+            f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on"
+            f" {ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are"
+            " not GPU numbers",
+            flush=True,
+        )
     os.environ[_CHILD_MARK] = "1"
     del te_jax
     sys.argv = [ns.script, *ns.args]
