@@ -219,7 +219,41 @@ def unsupported_reason(params) -> str:
     return ""
 
 
+#: How TE's binding reads the fields of the params it gets (``csrc/extensions/attention.cpp``,
+#: ``GetFusedAttnBackend``): pybind11 casts, which raise ``RuntimeError`` for a value they cannot
+#: convert, e.g. ``num_gqa_groups=None`` from the Flax layer's default.
+_CAST_SIZE_T = (
+    "batch_size", "num_attn_heads", "num_gqa_groups", "head_dim_qk", "head_dim_v", "max_seqlen_q",
+    "max_seqlen_kv", "num_tokens_q", "num_tokens_kv", "bias_batch_size", "bias_num_heads",
+    "bias_seqlen_q", "bias_seqlen_kv",
+)  # fmt: skip
+_CAST_INT64 = ("window_size_left", "window_size_right")
+_CAST_FLOAT = ("dropout", "attn_scale")
+
+
+def _pybind_cast_error(value) -> RuntimeError:
+    # pybind11's release-build message, as TE 2.20.2's extension raises it
+    return RuntimeError(
+        f"Unable to cast Python instance of type {type(value)!r} to C++ type '?' (#define "
+        "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)"
+    )
+
+
+def _cast_like_te(params) -> None:
+    """Raise where TE's binding's casts would: the same error, for the same values."""
+    integral = (int, np.integer)
+    for name in _CAST_SIZE_T + _CAST_INT64 + _CAST_FLOAT:
+        value = getattr(params, name)
+        if name in _CAST_FLOAT:
+            ok = isinstance(value, (int, float, np.integer, np.floating))
+        else:
+            ok = isinstance(value, integral) and (name in _CAST_INT64 or value >= 0)
+        if not ok:
+            raise _pybind_cast_error(value)
+
+
 def get_fused_attn_backend(params):
+    _cast_like_te(params)
     reason = unsupported_reason(params)
     if reason:
         return NVTE_Fused_Attn_Backend.NVTE_No_Backend, reason
