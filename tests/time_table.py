@@ -221,6 +221,7 @@ FILE_SECONDS = {
     "test_cpu_kernel.py": 17,
     "test_comm.py": 15,
     "test_te_build.py": 21,
+    "test_dpa_sweep.py": 12,
     "test_cp_runs.py": 14,
     "test_support_matrix.py": 10,
     "test_gpu_setup.py": 8,
