@@ -2,13 +2,10 @@
 one optax step.
 
 This is the path MaxText takes: the layer gets
-context_parallel_strategy/axis/causal_load_balanced
-and max_segments_per_seq; the batch is reordered once, before the step. The CP step
-(Ring) is checked
-against the same step on one device: loss, gradients and updated parameters. Then
-AllGather with
-THD is tried through the same layer, and TE's own error is printed: the layer has no
-stripe_size
+context_parallel_strategy/axis/causal_load_balanced and max_segments_per_seq; the batch
+is reordered once, before the step. The CP step (Ring) is checked against the same step
+on one device: loss, gradients and updated parameters. Then AllGather with THD is tried
+through the same layer, and TE's own error is printed: the layer has no stripe_size
 argument, and TE's THD AllGather path requires one (call fused_attn directly for
 AllGather).
 """
@@ -96,7 +93,9 @@ def make_step(model):
 one = make_step(Block())(params, x, y, ids, pos)
 mesh = Mesh(np.array(jax.devices()), ("cp",))
 shard = lambda a: jax.device_put(
-    reorder_causal_load_balancing(jnp.asarray(a), ReorderStrategy.Striped, CP, 1),
+    reorder_causal_load_balancing(
+        jnp.asarray(a), strategy=ReorderStrategy.Striped, cp_size=CP, seq_dim=1
+    ),
     NamedSharding(mesh, P(None, "cp")),
 )  # noqa: E731
 batch = [

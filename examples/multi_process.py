@@ -2,12 +2,10 @@
 checked against one device.
 
 Without PROCESS_ID in the environment the script is its own launcher: it starts one copy
-of its command line
-per device of this node (PROCESS_ID, NUM_PROCESSES, COORDINATOR_PORT set) and waits. On
-CPU each process owns
-one host device and talks gloo; on a GPU node, one GPU. Every process places its shard
-of the same global
-batch; process 0 compares the gathered result with its own one-device call.
+of its command line per device of this node (PROCESS_ID, NUM_PROCESSES, COORDINATOR_PORT
+set) and waits. On CPU each process owns one host device and talks gloo; on a GPU node,
+one GPU. Every process places its shard of the same global batch; process 0 compares the
+gathered result with its own one-device call.
 """
 
 import os
@@ -90,16 +88,16 @@ def fwd_bwd(q, k, v, ids, pos, dout, cp_axis):
     def loss(q, k, v):
         out = fused_attn(
             (q, k, v),
-            None,
-            SequenceDescriptor.from_segment_ids_and_pos(ids, pos),
-            None,
-            AttnBiasType.NO_BIAS,
-            AttnMaskType.PADDING_CAUSAL_MASK,
-            QKVLayout.THD_THD_THD,
-            AttnSoftmaxType.VANILLA_SOFTMAX,
-            D**-0.5,
-            0.0,
-            True,
+            bias=None,
+            sequence_descriptor=SequenceDescriptor.from_segment_ids_and_pos(ids, pos),
+            seed=None,
+            attn_bias_type=AttnBiasType.NO_BIAS,
+            attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+            qkv_layout=QKVLayout.THD_THD_THD,
+            softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
+            scaling_factor=D**-0.5,
+            dropout_probability=0.0,
+            is_training=True,
             max_segments_per_seq=S // SLOT,
             context_parallel_strategy=CPStrategy.RING,
             context_parallel_axis=cp_axis,

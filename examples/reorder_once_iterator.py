@@ -1,16 +1,12 @@
 """A reorder-once data iterator for context parallelism: what MaxText does in its input
 pipeline.
 
-Variable-length documents are packed into rows; targets are shifted inside each document
-*before*
-the reorder; the loss mask drops padding and each document's last token; then every
-per-token array
-(tokens, targets, loss mask, segment ids, positions) is reordered the same way, once.
-The model never
-reorders. Check: a tiny attention model's loss and gradients on the reordered, sharded
-batch (Ring)
-equal one device on the packed batch; shifting targets after the reorder instead gives
-wrong targets.
+Variable-length documents are packed into rows; targets are shifted inside each
+document *before* the reorder; the loss mask drops padding and each document's last
+token; then every per-token array (tokens, targets, loss mask, segment ids, positions)
+is reordered the same way, once. The model never reorders. Check: a tiny attention model's loss and
+gradients on the reordered, sharded batch (Ring) equal one device on the packed batch;
+shifting targets after the reorder instead gives wrong targets.
 """
 
 import jax
@@ -81,16 +77,18 @@ def loss_fn(params, b, cp_axis):
     )
     out = fused_attn(
         (q, k, v),
-        None,
-        SequenceDescriptor.from_segment_ids_and_pos(b["segment_ids"], b["segment_pos"]),
-        None,
-        AttnBiasType.NO_BIAS,
-        AttnMaskType.PADDING_CAUSAL_MASK,
-        QKVLayout.THD_THD_THD,
-        AttnSoftmaxType.VANILLA_SOFTMAX,
-        D**-0.5,
-        0.0,
-        True,
+        bias=None,
+        sequence_descriptor=SequenceDescriptor.from_segment_ids_and_pos(
+            b["segment_ids"], b["segment_pos"]
+        ),
+        seed=None,
+        attn_bias_type=AttnBiasType.NO_BIAS,
+        attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+        qkv_layout=QKVLayout.THD_THD_THD,
+        softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
+        scaling_factor=D**-0.5,
+        dropout_probability=0.0,
+        is_training=True,
         max_segments_per_seq=SEGS,
         context_parallel_strategy=CPStrategy.RING,
         context_parallel_causal_load_balanced=bool(cp_axis),
@@ -119,7 +117,13 @@ loss_1, grads_1 = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, "")))(
 
 mesh = Mesh(np.array(jax.devices()), ("cp",))
 reorder = lambda x: jax.device_put(
-    reorder_causal_load_balancing(jnp.asarray(x), ReorderStrategy.Striped, CP, 1, 1),
+    reorder_causal_load_balancing(
+        jnp.asarray(x),
+        strategy=ReorderStrategy.Striped,
+        cp_size=CP,
+        seq_dim=1,
+        stripe_size=1,
+    ),
     NamedSharding(mesh, P(None, "cp")),
 )  # noqa: E731
 cp_batch = next(batches(7, reorder))

@@ -1,18 +1,15 @@
-"""THD Ring attention, forward and backward, on a context-parallel mesh, checked against
-one device.
+"""THD Ring attention, forward and backward, on a context-parallel mesh.
 
-Packed rows (four documents per row, one per 64-token slot, padding whose positions keep
-counting),
-GQA, causal sliding window. Every per-token array is reordered for load balancing and
-placed
-on the mesh with the sequence axis sharded over "cp" before the jitted call sees it.
+Packed rows (one document per 64-token slot, 48 valid tokens, padding whose positions
+keep counting), GQA, a causal sliding window. Every per-token array is reordered for
+load balancing and sharded over "cp" before the jitted call sees it. The self-check at
+the end compares the CP step with the same step on one device.
 """
 
 import os
 
-os.environ.setdefault(
-    "NVTE_FUSED_RING_ATTENTION_USE_SCAN", "0"
-)  # Ring + sliding window: non-scan path
+# Ring with a sliding window takes TE's non-scan path
+os.environ.setdefault("NVTE_FUSED_RING_ATTENTION_USE_SCAN", "0")
 
 import jax
 import jax.numpy as jnp
@@ -34,39 +31,36 @@ from transformer_engine.jax.attention import (
 )
 from transformer_engine.jax.sharding import MeshResource
 
-CP, STRIPE, WINDOW = (
-    len(jax.devices()),
-    1,
-    (32, 0),
-)  # Ring takes stripe 1 and a left window >= CP - 1
-B, S, HQ, HKV, D, SLOT, VALID = 2, 256, 4, 2, 32, 64, 48
+CP = len(jax.devices())
+STRIPE = 1  # Ring takes stripe 1
+WINDOW = (32, 0)  # and a left window >= CP - 1
+B, S, HQ, HKV, D = 2, 256, 4, 2, 32
+SLOT, VALID = 64, 48
 if CP < 2:
     raise SystemExit(f"thd_ring.py needs >= 2 devices for a CP mesh, found {CP}")
 
-# one document per 64-token slot, 48 valid tokens, padding positions keep counting (TE's
-# safe layout)
-segment_ids = np.tile(
-    np.repeat(np.arange(1, S // SLOT + 1), SLOT) * (np.arange(S) % SLOT < VALID), (B, 1)
-)
+slot = np.arange(S) // SLOT + 1
+segment_ids = np.tile(slot * (np.arange(S) % SLOT < VALID), (B, 1))
 segment_pos = np.tile(np.arange(S) % SLOT, (B, 1))
 keys = jax.random.split(jax.random.PRNGKey(0), 4)
-q, dout = (jax.random.normal(k, (B, S, HQ, D)).astype(jnp.bfloat16) for k in keys[:2])
-k, v = (jax.random.normal(k, (B, S, HKV, D)).astype(jnp.bfloat16) for k in keys[2:])
+q, dout = (jax.random.normal(k, (B, S, HQ, D), jnp.bfloat16) for k in keys[:2])
+k, v = (jax.random.normal(k, (B, S, HKV, D), jnp.bfloat16) for k in keys[2:])
 
 
-def loss_fn(q, k, v, ids, pos, dout, cp_axis):
-    out = fused_attn(
+def attention(q, k, v, ids, pos, cp_axis):
+    """TE's fused attention on packed rows; ``cp_axis=""`` is the one-device call."""
+    return fused_attn(
         (q, k, v),
-        None,
-        SequenceDescriptor.from_segment_ids_and_pos(ids, pos),
-        None,
-        AttnBiasType.NO_BIAS,
-        AttnMaskType.PADDING_CAUSAL_MASK,
-        QKVLayout.THD_THD_THD,
-        AttnSoftmaxType.VANILLA_SOFTMAX,
-        D**-0.5,
-        0.0,
-        True,
+        bias=None,
+        sequence_descriptor=SequenceDescriptor.from_segment_ids_and_pos(ids, pos),
+        seed=None,
+        attn_bias_type=AttnBiasType.NO_BIAS,
+        attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
+        qkv_layout=QKVLayout.THD_THD_THD,
+        softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
+        scaling_factor=D**-0.5,
+        dropout_probability=0.0,
+        is_training=True,
         max_segments_per_seq=S // SLOT,
         window_size=WINDOW,
         context_parallel_strategy=CPStrategy.RING,
@@ -74,48 +68,58 @@ def loss_fn(q, k, v, ids, pos, dout, cp_axis):
         context_parallel_axis=cp_axis,
         stripe_size=STRIPE if cp_axis else None,
     )
-    return jnp.vdot(out.astype(jnp.float32), dout.astype(jnp.float32)), out
 
 
-def fwd_bwd(cp_axis):
-    return jax.value_and_grad(
-        lambda *a: loss_fn(*a, cp_axis), argnums=(0, 1, 2), has_aux=True
+def step(q, k, v, ids, pos, dout, cp_axis):
+    def loss(q, k, v):
+        out = attention(q, k, v, ids, pos, cp_axis)
+        return jnp.vdot(out.astype(jnp.float32), dout.astype(jnp.float32)), out
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+
+def reorder(x):
+    return reorder_causal_load_balancing(
+        jnp.asarray(x),
+        strategy=ReorderStrategy.Striped,
+        cp_size=CP,
+        seq_dim=1,
+        stripe_size=STRIPE,
     )
 
 
-# one device: the plain call on the arrays as they are
-(_, out_1), grads_1 = jax.jit(fwd_bwd(""))(q, k, v, segment_ids, segment_pos, dout)
+def restore(x):
+    return inverse_reorder_causal_load_balancing(
+        x, strategy=ReorderStrategy.Striped, cp_size=CP, seq_dim=1, stripe_size=STRIPE
+    )
 
-# CP: reorder every per-token array the same way, shard the sequence axis, call under
-# the mesh
+
+# CP: reorder every per-token array alike, shard the sequence, call under the mesh
 mesh = Mesh(np.array(jax.devices()), ("cp",))
-shard = NamedSharding(mesh, P(None, "cp"))
-reorder = lambda x: jax.device_put(
-    reorder_causal_load_balancing(
-        jnp.asarray(x), ReorderStrategy.Striped, CP, 1, STRIPE
-    ),
-    shard,
-)  # noqa: E731
-restore = lambda x: inverse_reorder_causal_load_balancing(
-    x, ReorderStrategy.Striped, CP, 1, STRIPE
-)  # noqa: E731
+seq_sharded = NamedSharding(mesh, P(None, "cp"))
+per_token = (q, k, v, segment_ids, segment_pos, dout)
+inputs = [jax.device_put(reorder(x), seq_sharded) for x in per_token]
 with jax.set_mesh(mesh), te.autocast(mesh_resource=MeshResource(cp_resource="cp")):
-    (_, out_cp), grads_cp = jax.jit(fwd_bwd("cp"), in_shardings=(shard,) * 6)(
-        *(reorder(x) for x in (q, k, v, segment_ids, segment_pos, dout))
-    )
+    cp_step = jax.jit(step, static_argnums=6, in_shardings=(seq_sharded,) * 6)
+    (_, out_cp), grads_cp = cp_step(*inputs, "cp")
 
+# -------------------------------------------------------------------------- self-check
+# The same step on one device, on the arrays as they are; TE's bf16 test tolerance.
+(_, out_1), grads_1 = jax.jit(step, static_argnums=6)(
+    q, k, v, segment_ids, segment_pos, dout, ""
+)
 errors, ok = {}, True
-for name, a, b in zip(
+for name, got, want in zip(
     ("out", "dq", "dk", "dv"), (out_cp, *grads_cp), (out_1, *grads_1)
 ):
-    a, b = restore(a).astype(jnp.float32), b.astype(jnp.float32)
-    errors[name] = float(jnp.max(jnp.abs(a - b)))
-    ok &= bool(
-        jnp.all(jnp.abs(a - b) <= 0.0394 * (1 + jnp.abs(b)))
-    )  # TE's bf16 test tolerance (atol = rtol)
+    got, want = restore(got).astype(jnp.float32), want.astype(jnp.float32)
+    errors[name] = float(jnp.max(jnp.abs(got - want)))
+    ok &= bool(jnp.all(jnp.abs(got - want) <= 0.0394 * (1 + jnp.abs(want))))
+summary = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
 print(
-    f"THD Ring, cp={CP}, stripe={STRIPE}, window={WINDOW}, bf16: max |CP - one device|",
-    ", ".join(f"{n} {e:.3g}" for n, e in errors.items()),
+    f"THD Ring, cp={CP}, stripe={STRIPE}, window={WINDOW}, bf16:",
+    "max |CP - one device|",
+    summary,
 )
 if not ok:
     raise SystemExit("CP differs from one device by more than TE's bf16 tolerance")
