@@ -4,9 +4,9 @@ pipeline.
 Variable-length documents are packed into rows; targets are shifted inside each
 document *before* the reorder; the loss mask drops padding and each document's last
 token; then every per-token array (tokens, targets, loss mask, segment ids, positions)
-is reordered the same way, once. The model never reorders. Check: a tiny attention model's loss and
-gradients on the reordered, sharded batch (Ring) equal one device on the packed batch;
-shifting targets after the reorder instead gives wrong targets.
+is reordered the same way, once. The model never reorders. Check: a tiny attention
+model's loss and gradients on the reordered, sharded batch (Ring) equal one device on
+the packed batch; shifting targets after the reorder instead gives wrong targets.
 """
 
 import jax
