@@ -1,8 +1,7 @@
 """Is an NVIDIA GPU visible? Answered without starting JAX.
 
-Why: two decisions depend on it and both must happen before JAX starts: whether to
-simulate CPU devices (XLA reads that flag once, at start-up) and whether
-``tutorial_utils.te`` hands over to real TransformerEngine or to TE's code on CPU.
+Whether to simulate CPU devices and which TE backend to use must both be decided before
+JAX starts, and both depend on this answer; TE's NCCL preload lives here too.
 """
 
 from __future__ import annotations
@@ -20,10 +19,14 @@ __all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl"]
 
 
 def jax_started() -> bool:
-    """True once JAX has created its backends; importing JAX alone does not start them.
+    """Whether JAX has created its backends; importing JAX alone does not start them.
 
-    Why: XLA reads the simulated-device flag when the backends start, not at ``import jax``,
-    and this package imports JAX, so "is JAX imported?" is the wrong question for device set-up.
+    XLA reads the simulated-device flag when the backends start, not at ``import jax``, and
+    this package imports JAX, so "is JAX imported?" is the wrong question for device set-up.
+
+    Returns:
+        True once the backends exist (or when JAX's private API has moved and it cannot
+        tell: the answer that never simulates devices too late).
     """
     if "jax" not in sys.modules:
         return False
@@ -54,11 +57,14 @@ def _cuda_plugin_installed() -> bool:
 
 
 def gpu_present() -> bool:
-    """True when an NVIDIA GPU is visible: to JAX if its backends are already running, else to the
-    driver.
+    """Whether an NVIDIA GPU is visible, asked without starting JAX.
 
-    Checked without importing JAX (device set-up must happen before that): ``nvidia-smi -L``,
-    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA plugin.
+    Device set-up must happen before JAX starts, so the driver is asked: ``nvidia-smi -L``,
+    or, where ``nvidia-smi`` is not on the PATH, an NVIDIA device node plus JAX's CUDA
+    plugin. If JAX's backends are already running, JAX itself is asked.
+
+    Returns:
+        True when a GPU is visible; False also when ``CUDA_VISIBLE_DEVICES`` hides them all.
     """
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
@@ -100,8 +106,18 @@ def _nvidia_dirs(sites: Sequence[str] | None) -> list[Path]:
 
 
 def nccl_library(sites: Sequence[str] | None = None) -> Path | None:
-    """``libnccl.so.2`` from pip's NCCL (``nvidia/nccl/lib``, or the ``nvidia/cu13|cu12/lib``
-    layout)."""
+    """Find ``libnccl.so.2`` from pip's NCCL wheel.
+
+    TE's libraries need NCCL but carry no RPATH, so :func:`preload_nccl` must find it first.
+
+    Args:
+        sites: Directories to search (each for ``nvidia/nccl/lib`` or the
+            ``nvidia/cu13|cu12/lib`` layout); default: this interpreter's site directories
+            and ``sys.path``.
+
+    Returns:
+        Path of the library, or ``None`` when pip's NCCL is not installed.
+    """
     for nv in _nvidia_dirs(sites):
         for sub in ("nccl", "cu13", "cu12"):
             lib = nv / sub / "lib" / "libnccl.so.2"
@@ -113,11 +129,16 @@ def nccl_library(sites: Sequence[str] | None = None) -> Path | None:
 def preload_nccl(sites: Sequence[str] | None = None) -> str | None:
     """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
 
-    Why: ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no
-    RPATH; they load only if NCCL is already in the process (JAX's CUDA plugin loads it when its
-    backend starts) or on the loader path. Call this before ``import transformer_engine.jax``.
-    Returns the path loaded, or ``None`` when pip's NCCL is not installed (a system NCCL on the
-    loader path then serves).
+    ``libtransformer_engine.so`` and TE's JAX extension need ``libnccl.so.2`` and carry no
+    RPATH; they load only if NCCL is already in the process (JAX's CUDA plugin loads it when
+    its backend starts) or on the loader path. Call this before ``import transformer_engine.jax``.
+
+    Args:
+        sites: Directories to search, as :func:`nccl_library`.
+
+    Returns:
+        The path loaded, or ``None`` when pip's NCCL is not installed (a system NCCL on the
+        loader path then serves).
     """
     lib = nccl_library(sites)
     if lib is None:

@@ -1,9 +1,7 @@
 """Deterministic inputs: Q, K, V, dO and packed THD segment ids / positions.
 
-Why: every comparison in the tutorial (reference vs oracle, CP vs one device, TE vs
-reference) must see bit-identical inputs; the packing helpers produce exactly the layout
-TE's CP paths need (segments contiguous, ids 1..N in order, positions from 0, padding
-with id 0 whose positions keep counting through the slot).
+Every comparison in the tutorial must see bit-identical inputs, and the packing helpers
+produce exactly the layout TE's CP paths need.
 """
 
 from __future__ import annotations
@@ -18,8 +16,27 @@ __all__ = ["random_qkv", "fixed_slot_segments", "pack_segments", "random_segment
 def random_qkv(
     seed: int, batch: int, seq_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype
 ):
-    """``q, k, v, dout`` drawn from one seed: ``[b, s, hq, d]``, ``[b, s, hkv, d]`` x2, ``[b, s, hq,
-    d]``."""
+    """Random ``q, k, v, dout`` drawn from one seed.
+
+    One seed fixes all four tensors, so every comparison (reference vs oracle, CP vs one
+    device, TE vs reference) sees bit-identical inputs.
+
+    Args:
+        seed: Seed of the ``jax.random.PRNGKey`` the four draws are split from.
+        batch: Batch size.
+        seq_len: Sequence length.
+        num_q_heads: Number of query heads.
+        num_kv_heads: Number of key/value heads (GQA when fewer than ``num_q_heads``).
+        head_dim: Size of each head.
+        dtype: Floating dtype of the results, e.g. ``jnp.bfloat16``.
+
+    Returns:
+        ``(q, k, v, dout)`` standard-normal JAX arrays of shapes ``[b, s, hq, d]``,
+        ``[b, s, hkv, d]``, ``[b, s, hkv, d]`` and ``[b, s, hq, d]``.
+
+    Raises:
+        ValueError: If a size is not a positive int or ``dtype`` is not floating.
+    """
     import jax
 
     for name, value in (
@@ -54,8 +71,25 @@ def random_qkv(
 
 
 def fixed_slot_segments(batch: int, seq_len: int, slots: int, valid_per_slot: int):
-    """``(segment_ids, segment_pos)`` as int32 numpy ``[batch, seq_len]``: equal slots, valid prefix
-    each."""
+    """Segment ids and positions for equal slots, each with a valid prefix.
+
+    The simplest packed THD layout: every row is cut into ``slots`` equal slots, each holding
+    one segment of ``valid_per_slot`` tokens followed by padding (id 0) whose positions keep
+    counting through the slot, as in TE's example.
+
+    Args:
+        batch: Number of rows.
+        seq_len: Tokens per row; a multiple of ``slots``.
+        slots: Segments per row.
+        valid_per_slot: Valid tokens at the start of each slot, at most ``seq_len // slots``.
+
+    Returns:
+        ``(segment_ids, segment_pos)``, int32 NumPy arrays of shape ``[batch, seq_len]``.
+
+    Raises:
+        ValueError: If a size is not a positive int, ``slots`` does not divide ``seq_len`` or
+            ``valid_per_slot`` exceeds the slot length.
+    """
     for name, value in (
         ("batch", batch),
         ("seq_len", seq_len),
@@ -89,12 +123,26 @@ def pack_segments(
     align: int = 1,
     slot_padding: Sequence[Sequence[int]] | None = None,
 ):
-    """Pack variable-length segments into rows.
+    """Pack variable-length segments into rows of segment ids and positions.
 
-    ``lengths[b]`` lists the valid lengths of row ``b``'s segments. Each segment starts at a
-    multiple of ``align`` (use ``cp_size * stripe_size`` for AllGather); the gap up to the next
-    slot is padding (id 0) whose positions keep counting, like TE's example. ``slot_padding``
-    optionally adds extra padding after each segment before alignment.
+    Produces the layout TE's CP paths need: segments contiguous, ids ``1..N`` in order,
+    positions from 0, and padding (id 0) whose positions keep counting through the slot,
+    like TE's example.
+
+    Args:
+        lengths: ``lengths[b]`` lists the valid lengths of row ``b``'s segments.
+        seq_len: Tokens per row.
+        align: Each segment starts at a multiple of ``align`` (use ``cp_size * stripe_size``
+            for AllGather); the gap up to the next slot is padding.
+        slot_padding: Optional extra padding after each segment, before alignment, shaped
+            like ``lengths``.
+
+    Returns:
+        ``(segment_ids, segment_pos)``, int32 NumPy arrays of shape ``[len(lengths), seq_len]``.
+
+    Raises:
+        ValueError: If ``align`` is not a positive int, a length is not an int of at least 1,
+            or a row's segments do not fit in ``seq_len``.
     """
     if not isinstance(align, (int, np.integer)) or align < 1:
         raise ValueError(f"align must be a positive int, got align={align!r}.")
@@ -139,7 +187,26 @@ def random_segment_lengths(
     align: int = 1,
     min_len: int = 1,
 ):
-    """Random per-row segment lengths that fit ``seq_len`` once aligned (for tests and demos)."""
+    """Random per-row segment lengths that fit ``seq_len`` once aligned.
+
+    For tests and demos: ragged packings to feed :func:`pack_segments`, reproducible from
+    ``rng``.
+
+    Args:
+        rng: NumPy random generator the counts and lengths are drawn from.
+        batch: Number of rows.
+        seq_len: Tokens per row.
+        max_segments: Each row gets between 1 and ``max_segments`` segments.
+        align: Alignment :func:`pack_segments` will use; each length fits its share of the
+            row once rounded up to it.
+        min_len: Smallest segment length.
+
+    Returns:
+        A list of ``batch`` lists of int lengths.
+
+    Raises:
+        ValueError: If ``seq_len`` is too short for the drawn number of aligned segments.
+    """
     out = []
     for _ in range(batch):
         n = int(rng.integers(1, max_segments + 1))

@@ -1,23 +1,8 @@
 """Pure-JAX reference attention with TransformerEngine's ``fused_attn`` semantics.
 
-Why: TE's fused kernels need CUDA, but the tutorial must run (and be checked) anywhere.
-This module defines the maths once, for packed ``[batch, seq, heads, dim]`` inputs
-described per token by a segment id (0 = padding) and a position inside the segment:
-
-* key ``j`` is visible to query ``i`` iff (padding masks) ``id_q[i] == id_kv[j] != 0``,
-  (causal) ``pos_kv[j] <= pos_q[i]``, and (window ``(left, right)``, inclusive, ``-1`` =
-  unbounded) ``pos_q[i] - left <= pos_kv[j] <= pos_q[i] + right``;
-* logits ``scale * q.k`` in fp32, softmax over visible keys (plus a sink logit for the
-  off-by-one / learnable softmax), output cast to the query dtype;
-* GQA: query head ``h`` reads KV head ``h // (Hq / Hkv)``;
-* a query row with no visible key (e.g. padding) outputs exactly 0 and gets exactly 0
-  gradient; its log-sum-exp is ``LSE_EMPTY`` so that CP merges give it zero weight.
-
-Two implementations: :func:`dense_attention` reads like the formula (O(S^2) memory) and is
-what the tests compare against an independent oracle; :func:`blockwise_attention` is
-flash-style (online softmax over KV blocks, with a hand-written backward that recomputes
-probabilities) and *skips* blocks the mask empties, so sliding-window cost grows with the
-window, not with ``seq**2``.
+TE's fused kernels need CUDA, but the tutorial must run (and be checked) anywhere: this module
+defines the maths once, for packed ``[batch, seq, heads, dim]`` inputs described per token by
+a segment id (0 = padding) and a position inside the segment.
 """
 
 from __future__ import annotations
@@ -49,16 +34,30 @@ _BIG = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class MaskSpec:
-    """Static description of the mask: which rules apply and the window."""
+    """Static description of the mask: which rules apply and the window.
+
+    Hashable and frozen, so it can be a static argument of a jitted function; the rules
+    themselves are applied by :func:`visibility`.
+
+    Attributes:
+        padding: Apply the padding rule: a query sees only keys of its own segment, and
+            padding (id 0) sees nothing.
+        causal: Apply the causal rule ``pos_kv <= pos_q``.
+        window: ``(left, right)`` sliding window in positions, inclusive; ``-1`` is unbounded.
+        bounds: Kernel mode, used by the cuDNN-contract kernel in
+            :mod:`tutorial_utils.te_on_cpu`: ``ids_q``/``pos_q`` hold each query row's
+            inclusive ``[lo, hi]`` range of key rows and ``pos_kv`` holds each key's row index
+            (``ids_kv`` is ignored but for block padding). A row with ``lo > hi`` sees
+            nothing; ``padding``, ``causal`` and ``window`` are then ignored.
+
+    Raises:
+        ValueError: If ``window`` is not a valid ``(left, right)`` pair.
+    """
 
     padding: bool = True
     causal: bool = True
     window: tuple[int, int] = (-1, -1)
-    #: Kernel mode, used by the cuDNN-contract kernel in :mod:`tutorial_utils.te_on_cpu`:
-    #: ``ids_q``/``pos_q`` hold each query row's inclusive ``[lo, hi]`` range of key rows
-    #: and ``pos_kv`` holds each key's row index (``ids_kv`` is ignored but for block
-    #: padding). A row with ``lo > hi`` sees nothing. ``padding``/``causal``/``window`` are
-    #: then already folded into the ranges and ignored.
+    # Kernel mode (see the class docstring's ``bounds``).
     bounds: bool = False
 
     def __post_init__(self):
@@ -66,7 +65,23 @@ class MaskSpec:
 
 
 def visibility(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec):
-    """``[b, sq, skv]`` boolean: may query i attend key j (see module docstring)."""
+    """Whether each query may attend each key: TE's mask rules written out.
+
+    Key ``j`` is visible to query ``i`` iff (padding) ``ids_q[i] == ids_kv[j] != 0``,
+    (causal) ``pos_kv[j] <= pos_q[i]``, and (window ``(left, right)``, inclusive, ``-1`` =
+    unbounded) ``pos_q[i] - left <= pos_kv[j] <= pos_q[i] + right``, each rule only when
+    ``spec`` enables it. Negative ids mark block padding added internally and see nothing.
+
+    Args:
+        ids_q: ``[b, sq]`` segment ids of the queries (0 = padding).
+        ids_kv: ``[b, skv]`` segment ids of the keys.
+        pos_q: ``[b, sq]`` positions of the queries inside their segments.
+        pos_kv: ``[b, skv]`` positions of the keys.
+        spec: Which rules apply (see :class:`MaskSpec`, including its ``bounds`` mode).
+
+    Returns:
+        ``[b, sq, skv]`` boolean array, true where query ``i`` may attend key ``j``.
+    """
     iq, ik = ids_q[:, :, None], ids_kv[:, None, :]
     pq, pk = pos_q[:, :, None], pos_kv[:, None, :]
     if spec.bounds:
@@ -88,7 +103,17 @@ def bottom_right_positions(ids_q, ids_kv, pos_q, max_segments: int):
     """Query positions shifted so causal/window masks align bottom-right per segment.
 
     TE's ``*_BOTTOM_RIGHT`` masks allow ``pos_kv <= pos_q + (len_kv - len_q)`` where the
-    lengths are those of the segment's query and key runs.
+    lengths are those of the segment's query and key runs; shifting the query positions lets
+    :func:`visibility` apply them with its top-left rules unchanged.
+
+    Args:
+        ids_q: ``[b, sq]`` segment ids of the queries.
+        ids_kv: ``[b, skv]`` segment ids of the keys.
+        pos_q: ``[b, sq]`` positions of the queries.
+        max_segments: Largest segment id that occurs (ids above it are clipped to it).
+
+    Returns:
+        ``[b, sq]`` query positions, each shifted by its segment's ``len_kv - len_q``.
     """
 
     def counts(ids):
@@ -149,12 +174,36 @@ def dense_attention(
     sink=None,
     bias=None,
 ):
-    """Reference attention that materialises the full mask. Returns ``(out, lse)``.
+    """Reference attention that materialises the full mask.
 
-    ``out`` is ``[b, sq, hq, dv]`` in ``q.dtype``; ``lse`` is ``[b, hq, sq]`` float32.
-    ``sink`` (``[hq]`` float32) adds ``exp(sink)`` to every softmax denominator
-    (off-by-one: zeros; learnable: a parameter). ``bias`` is added to the scaled logits,
-    broadcastable to ``[b, hq, sq, skv]``.
+    Reads like the formula (O(S^2) memory), which is why the tests hold it against an
+    independent oracle. Logits ``scale * q.k`` are computed in fp32 and softmaxed over the
+    visible keys; with GQA, query head ``h`` reads KV head ``h // (hq / hkv)``. A query row
+    with no visible key (e.g. padding) outputs exactly 0, gets exactly 0 gradient and has
+    log-sum-exp :data:`LSE_EMPTY`, so that CP merges give it zero weight. Non-finite inputs
+    propagate as NaN only to the rows that see them.
+
+    Args:
+        q: ``[b, sq, hq, d]`` queries.
+        k: ``[b, skv, hkv, d]`` keys.
+        v: ``[b, skv, hkv, dv]`` values.
+        ids_q: ``[b, sq]`` segment ids of the queries (0 = padding).
+        ids_kv: ``[b, skv]`` segment ids of the keys.
+        pos_q: ``[b, sq]`` positions of the queries inside their segments.
+        pos_kv: ``[b, skv]`` positions of the keys.
+        scale: Factor applied to ``q.k``, usually ``d ** -0.5``.
+        spec: The mask rules (:class:`MaskSpec`).
+        sink: Optional ``[hq]`` float32 sink logits: ``exp(sink)`` is added to every softmax
+            denominator (off-by-one softmax: zeros; learnable softmax: a parameter).
+        bias: Optional bias added to the scaled logits, broadcastable to
+            ``[b, hq, sq, skv]``.
+
+    Returns:
+        ``(out, lse)``: ``out`` is ``[b, sq, hq, dv]`` in ``q.dtype``; ``lse`` is
+        ``[b, hq, sq]`` float32.
+
+    Raises:
+        ValueError: If ``q``, ``k`` and ``v`` do not have compatible shapes.
     """
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     check_qkv(q, k, v)
@@ -214,7 +263,24 @@ def _block_stats(ids, pos, nblocks, block, padding):
 
 
 def block_needed(ids_q, ids_kv, pos_q, pos_kv, spec: MaskSpec, block_q: int, block_kv: int):
-    """``[nq, nk]`` bool: can any (query, key) pair in this block pair be visible? Conservative."""
+    """Which (query block, key block) pairs may hold a visible pair.
+
+    Lets :func:`blockwise_attention` skip blocks the mask empties, so sliding-window cost
+    grows with the window, not with ``seq ** 2``. Conservative: a block pair marked needed may
+    still turn out empty, but one marked not needed never holds a visible pair.
+
+    Args:
+        ids_q: ``[b, sq]`` query segment ids, ``sq`` a multiple of ``block_q``.
+        ids_kv: ``[b, skv]`` key segment ids, ``skv`` a multiple of ``block_kv``.
+        pos_q: ``[b, sq]`` query positions.
+        pos_kv: ``[b, skv]`` key positions.
+        spec: The mask rules (:class:`MaskSpec`).
+        block_q: Queries per block.
+        block_kv: Keys per block.
+
+    Returns:
+        ``[sq / block_q, skv / block_kv]`` boolean array (the same for every batch row).
+    """
     nq, nk = ids_q.shape[1] // block_q, ids_kv.shape[1] // block_kv
     if spec.bounds:
         real_q = (ids_q <= pos_q).reshape(ids_q.shape[0], nq, block_q)
@@ -479,11 +545,36 @@ def blockwise_attention(
     block_kv: int = 128,
     return_max_logit: bool = False,
 ):
-    """Flash-style reference attention; same arguments and results as :func:`dense_attention`.
+    """Flash-style reference attention with the results of :func:`dense_attention`.
 
-    Blocks whose (segment, position) ranges cannot meet under the mask are skipped in the
-    forward and in both backward passes. With ``return_max_logit`` also returns the per-row
-    maximum visible logit ``[b, hq, sq]`` (not differentiated).
+    Online softmax over KV blocks, with a hand-written backward that recomputes the
+    probabilities. Blocks whose (segment, position) ranges cannot meet under the mask are
+    skipped in the forward and in both backward passes, so sliding-window cost grows with the
+    window, not with ``seq ** 2``.
+
+    Args:
+        q: ``[b, sq, hq, d]`` queries.
+        k: ``[b, skv, hkv, d]`` keys.
+        v: ``[b, skv, hkv, dv]`` values.
+        ids_q: ``[b, sq]`` segment ids of the queries (0 = padding).
+        ids_kv: ``[b, skv]`` segment ids of the keys.
+        pos_q: ``[b, sq]`` positions of the queries inside their segments.
+        pos_kv: ``[b, skv]`` positions of the keys.
+        scale: Factor applied to ``q.k``.
+        spec: The mask rules (:class:`MaskSpec`).
+        sink: Optional ``[hq]`` float32 sink logits, as in :func:`dense_attention`.
+        block_q: Queries per block (capped at ``sq``; the sequence is padded to whole blocks).
+        block_kv: Keys per block (capped at ``skv``).
+        return_max_logit: Also return the per-row maximum visible logit.
+
+    Returns:
+        ``(out, lse)`` as :func:`dense_attention`; with ``return_max_logit``,
+        ``(out, lse, max_logit)`` where ``max_logit`` is ``[b, hq, sq]`` float32 and not
+        differentiated.
+
+    Raises:
+        ValueError: If a block size is not a positive int, or ``q``, ``k`` and ``v`` do not
+            have compatible shapes.
     """
     b, sq, hq, _ = q.shape
     (qp, kp, vp, iq, ik, pq, pk, need), (bq, bk) = _padded_inputs(
@@ -516,13 +607,36 @@ def blockwise_backward(
     block_q: int = 128,
     block_kv: int = 128,
 ):
-    """Gradients ``(dq, dk, dv, dsink)`` of :func:`blockwise_attention` from a *given* output and
-    LSE.
+    """Gradients of :func:`blockwise_attention` from a *given* output and LSE.
 
-    Why: a flash kernel's backward does not recompute the softmax normaliser; it takes the
+    A flash kernel's backward does not recompute the softmax normaliser; it takes the
     forward's ``out`` and ``lse`` (``P = exp(S - lse)``, ``D = rowsum(dO * O)``). Ring
     attention relies on that: every step's backward is handed the *merged* output and LSE.
-    ``lse`` is ``[b, hq, sq]``; ``dsink`` is ``[hq]`` float32 (zeros without a sink).
+
+    Args:
+        q: ``[b, sq, hq, d]`` queries.
+        k: ``[b, skv, hkv, d]`` keys.
+        v: ``[b, skv, hkv, dv]`` values.
+        ids_q: ``[b, sq]`` segment ids of the queries.
+        ids_kv: ``[b, skv]`` segment ids of the keys.
+        pos_q: ``[b, sq]`` positions of the queries.
+        pos_kv: ``[b, skv]`` positions of the keys.
+        out: ``[b, sq, hq, dv]`` forward output to differentiate at.
+        lse: ``[b, hq, sq]`` forward log-sum-exp.
+        dout: ``[b, sq, hq, dv]`` gradient of the output.
+        scale: Factor applied to ``q.k``.
+        spec: The mask rules (:class:`MaskSpec`).
+        sink: Optional ``[hq]`` float32 sink logits.
+        block_q: Queries per block.
+        block_kv: Keys per block.
+
+    Returns:
+        ``(dq, dk, dv, dsink)``: ``dq``, ``dk``, ``dv`` in the dtypes of ``q``, ``k``, ``v``;
+        ``dsink`` is ``[hq]`` float32 (zeros without a sink).
+
+    Raises:
+        ValueError: If a block size is not a positive int, or ``q``, ``k`` and ``v`` do not
+            have compatible shapes.
     """
     b, sq, hq, _ = q.shape
     hkv = k.shape[2]

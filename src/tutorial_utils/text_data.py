@@ -1,14 +1,8 @@
 """Real text packed into THD batches for (context-parallel) language-model training.
 
-Why: a model trained on random tokens cannot show that packing, reordering and sharding
-keep the *meaning* of a batch. This module packs real English text (the documentation
-topics that ship with CPython in ``pydoc_data``, so nothing is downloaded) into rows of
-several documents each, with the segment ids and positions TE's THD attention reads.
-
-A :class:`PackedBatch` holds five token-indexed arrays. Context parallelism reorders the
-sequence axis, and all five must move with the same permutation, so :func:`reorder_for_cp`
-reorders them together and records what it did; :func:`check_batch_for_mesh` refuses a
-batch striped for a different mesh.
+A model trained on random tokens cannot show that packing, reordering and sharding keep the
+*meaning* of a batch, so this packs real English text (CPython's bundled ``pydoc_data``
+topics: nothing is downloaded) with the segment ids and positions TE's THD attention reads.
 """
 
 from __future__ import annotations
@@ -45,7 +39,19 @@ def _positive_int(name: str, value) -> int:
 
 
 def load_documents(max_docs: int | None = None) -> list[bytes]:
-    """CPython's documentation topics, UTF-8 encoded, sorted by topic name."""
+    """CPython's documentation topics, UTF-8 encoded, sorted by topic name.
+
+    Real English text that ships with every Python, so the tutorial downloads nothing.
+
+    Args:
+        max_docs: Keep only the first ``max_docs`` topics; ``None`` keeps all.
+
+    Returns:
+        A list of documents as bytes.
+
+    Raises:
+        ValueError: If ``max_docs`` is given and is not a positive int.
+    """
     from pydoc_data.topics import topics
 
     if max_docs is not None:
@@ -54,7 +60,20 @@ def load_documents(max_docs: int | None = None) -> list[bytes]:
 
 
 def encode(text: str | bytes) -> np.ndarray:
-    """Byte-level tokens: the UTF-8 bytes of ``text`` as int32 values 0..255."""
+    """Byte-level tokens: the UTF-8 bytes of ``text`` as int32 values 0..255.
+
+    One token per byte needs no tokenizer to download and encodes every text
+    (``VOCAB_SIZE`` is 256).
+
+    Args:
+        text: A string (encoded as UTF-8) or bytes.
+
+    Returns:
+        1-D int32 NumPy array of token ids.
+
+    Raises:
+        ValueError: If ``text`` is neither str nor bytes.
+    """
     if isinstance(text, str):
         text = text.encode("utf-8")
     if not isinstance(text, (bytes, bytearray)):
@@ -65,7 +84,19 @@ def encode(text: str | bytes) -> np.ndarray:
 
 
 def decode(ids) -> str:
-    """Inverse of :func:`encode`; bytes that are not valid UTF-8 become U+FFFD."""
+    """Inverse of :func:`encode`: token ids back to text.
+
+    Lets a page show what a batch (or a model's output) says.
+
+    Args:
+        ids: Integer token ids in ``0..VOCAB_SIZE - 1``, any array-like.
+
+    Returns:
+        The decoded string; bytes that are not valid UTF-8 become U+FFFD.
+
+    Raises:
+        ValueError: If ``ids`` are not integers in ``0..VOCAB_SIZE - 1``.
+    """
     ids = np.asarray(ids)
     if ids.size and (
         not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= VOCAB_SIZE
@@ -81,9 +112,22 @@ def decode(ids) -> str:
 class PackedBatch:
     """Five ``[batch, seq_len]`` int32 NumPy arrays and the order they are in.
 
-    ``targets[t]`` is the token after ``t`` in the same segment, and ``loss_mask[t]`` is 1
-    exactly where such a target exists. ``cp_size=1, stripe_size=None`` is natural order;
-    otherwise :func:`reorder_for_cp` striped the arrays for that CP size and stripe.
+    Context parallelism reorders the sequence axis and all five arrays must move with the
+    same permutation, so :func:`reorder_for_cp` reorders them together and records what it
+    did here; :func:`check_batch_for_mesh` refuses a batch striped for a different mesh.
+
+    Attributes:
+        tokens: Input token ids.
+        targets: ``targets[t]`` is the token after ``t`` in the same segment (0 where none).
+        loss_mask: 1 exactly where such a target exists.
+        segment_ids: Segment id of each token (0 = padding).
+        segment_pos: Position of each token inside its segment.
+        max_segments_per_seq: Most segments a row may hold (TE's ``max_segments_per_seq``).
+        cp_size: CP size the arrays are striped for; 1 is the natural order.
+        stripe_size: Stripe size of that reorder; ``None`` in the natural order.
+
+    Raises:
+        ValueError: If the five arrays do not share one 2-D shape.
     """
 
     tokens: np.ndarray
@@ -105,7 +149,11 @@ class PackedBatch:
                 )
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """``(tokens, targets, loss_mask, segment_ids, segment_pos)``: the model's order."""
+        """The five arrays in the order the model's step takes them.
+
+        Returns:
+            ``(tokens, targets, loss_mask, segment_ids, segment_pos)``.
+        """
         return tuple(getattr(self, name) for name in FIELDS)
 
 
@@ -192,16 +240,29 @@ def pack_documents(
     align: int = 1,
     by_paragraph: bool = False,
 ) -> PackedBatch:
-    """Pack ``docs`` (str or bytes) into a natural-order :class:`PackedBatch`.
+    """Pack ``docs`` into a natural-order :class:`PackedBatch`.
 
-    Documents are cut into segments of at most ``segment_len`` tokens (default
-    ``seq_len // max_segments_per_seq``) and placed left to right in document order, at
-    most ``max_segments_per_seq`` per row; a segment that does not fit starts the next row.
-    Each segment starts at a multiple of ``align``; ``cp_size * stripe_size`` is the safe
-    layout for THD AllGather (:func:`reorder_for_cp` checks the one you chose). With
-    ``by_paragraph=True`` each paragraph (text between blank lines) is a document of its
-    own: segments of many lengths, and rows that end in padding. Raises when the documents
-    run out before the batch is full.
+    Documents are cut into segments and placed left to right in document order, at most
+    ``max_segments_per_seq`` per row; a segment that does not fit starts the next row.
+
+    Args:
+        docs: Documents as str or bytes, e.g. :func:`load_documents`'s.
+        batch: Number of rows.
+        seq_len: Tokens per row.
+        max_segments_per_seq: Most segments per row.
+        segment_len: Longest segment in tokens; default ``seq_len // max_segments_per_seq``.
+        align: Each segment starts at a multiple of ``align``; ``cp_size * stripe_size`` is
+            the safe layout for THD AllGather (:func:`reorder_for_cp` checks the one you
+            chose).
+        by_paragraph: Treat each paragraph (text between blank lines) as a document of its
+            own: segments of many lengths, and rows that end in padding.
+
+    Returns:
+        The packed batch, in natural order.
+
+    Raises:
+        ValueError: If a size is invalid, ``docs`` holds no text, or the documents run out
+            before the batch is full.
     """
     pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
     return _pack(
@@ -226,8 +287,27 @@ def make_batches(
     align: int = 1,
     by_paragraph: bool = False,
 ) -> list[PackedBatch]:
-    """``steps`` consecutive batches as :func:`pack_documents` makes them, starting over
-    at the first document when the documents run out."""
+    """Consecutive batches as :func:`pack_documents` makes them, for a training loop.
+
+    Starts over at the first document when the documents run out, so any number of steps
+    can be drawn from a small corpus.
+
+    Args:
+        docs: Documents as str or bytes.
+        steps: Number of batches.
+        batch: Rows per batch.
+        seq_len: Tokens per row.
+        max_segments_per_seq: Most segments per row.
+        segment_len: Longest segment in tokens; default ``seq_len // max_segments_per_seq``.
+        align: Each segment starts at a multiple of ``align``.
+        by_paragraph: Treat each paragraph as a document of its own.
+
+    Returns:
+        A list of ``steps`` natural-order batches.
+
+    Raises:
+        ValueError: If a size is invalid or ``docs`` holds no text.
+    """
     pieces = _pieces(docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph)
     out, cursor = [], 0
     for _ in range(_positive_int("steps", steps)):
@@ -249,9 +329,23 @@ def reorder_for_cp(
 ) -> PackedBatch:
     """All five arrays striped for ``cp_size`` devices, once TE is known to handle them.
 
-    The layout is checked first with :func:`~tutorial_utils.validation.validate_packed_inputs`
-    (``strategy`` and ``window_size`` add their rules when given). That check reads the
-    natural order, so a batch that is already reordered is refused, not striped twice.
+    The layout is checked first with :func:`~tutorial_utils.validation.validate_packed_inputs`,
+    because TE computes some layouts wrongly without an error. That check reads the natural
+    order, so a batch that is already reordered is refused, not striped twice.
+
+    Args:
+        batch: A natural-order batch.
+        cp_size: Number of devices on the CP mesh axis.
+        stripe_size: Stripe size of the striped reorder (``None`` means 1).
+        strategy: Optional CP strategy whose layout rules are checked too.
+        window_size: Optional sliding window whose rules are checked too.
+
+    Returns:
+        A copy of ``batch`` with all five arrays striped and ``cp_size``/``stripe_size``
+        recorded.
+
+    Raises:
+        ValueError: If ``batch`` is already reordered, or its layout fails the validator.
     """
     cp_size = _positive_int("cp_size", cp_size)
     if batch.cp_size != 1 or batch.stripe_size is not None:
@@ -287,12 +381,24 @@ def reorder_for_cp(
 
 
 def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int, stripe_size: int | None) -> None:
-    """Raise ``ValueError`` unless ``batch`` is striped for a CP axis of ``cp_size`` devices.
+    """Check that ``batch`` is striped for a CP axis of ``cp_size`` devices.
 
-    Why: TE computes a batch striped for another CP size without an error, and wrongly.
-    The arrays are checked (a hand-built batch's labels may be wrong): undone for this
-    mesh they must be a packed batch, which also catches positions that were not reordered
-    with the ids. Then the labels. ``cp_size=1`` expects the natural order.
+    TE computes a batch striped for another CP size without an error, and wrongly. The arrays
+    are checked first (a hand-built batch's labels may be wrong): undone for this mesh they
+    must be a packed batch, which also catches positions that were not reordered with the
+    ids. Then the labels.
+
+    Args:
+        batch: The batch about to be fed to the CP step.
+        cp_size: Number of devices on the CP mesh axis; 1 expects the natural order.
+        stripe_size: Stripe size the mesh's step expects (``None`` means 1).
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: If the arrays or the labels say the batch was reordered for another
+            ``(cp_size, stripe_size)``, or the ids and positions were not reordered together.
     """
     cp_size = _positive_int("cp_size", cp_size)
     # for cp_size=1 the stripe is irrelevant; the batch's own one recognises its reorder

@@ -1,8 +1,7 @@
-"""argparse value types and output-file checks shared by the command-line tools (bench, check,
-launch).
+"""argparse value types and output-file checks shared by the CLIs (bench, check, launch).
 
-Why: every CLI must reject a bad value with a message that says what was expected and
-what was given; one definition keeps those messages identical across tools.
+One definition keeps the messages that reject a bad value (what was expected, what was given)
+identical across tools.
 """
 
 from __future__ import annotations

@@ -1,33 +1,8 @@
 """``python -m tutorial_utils.cli.check``: is this installation right, on the devices present?
 
-Why: a GPU node has many ways to be subtly wrong (no fused kernel for THD on this GPU, a cuDNN
-without GQA/SWA support, a JAX that cannot see every device). The check answers "does what I
-run here agree with the reference semantics?" before any chapter or benchmark is trusted.
-Each check prints one line ``PASS|FAIL|SKIP <name>: <detail>``; ``--out`` stores them with
-the hardware and software facts as JSON. The exit code is non-zero when any check fails.
-
-Checks:
-
-* ``te-*`` (TE's own code: real TE on a GPU node, TE-on-CPU elsewhere, each labelled; SKIP
-  under ``TUTORIAL_TE_BACKEND=reference``): TE's ``fused_attn`` against the reference on small THD
-  and BSHD configurations and on the seed
-  shape (a subset of query rows), outputs and gradients within TE's bf16 tolerance
-  (``rtol = atol = eps**(2/3) = 0.039``), padded rows ~0; TE's Ring and AllGather CP on the
-  devices present; and the ragged sub-problems that ``bench --emulate-ranks`` times.
-  ``--te-plumbing`` runs the same code against the facade's *reference* backend (a self-test
-  of the check's own plumbing, not a TE check).
-* ``reference-vs-oracle:*``: the reference (dense and blockwise) against
-  ``jax.nn.dot_product_attention(implementation="xla")``, fp32, outputs and gradients.
-* ``cp-*``: every CP strategy on the devices present (``cp = number of devices``) against the
-  single-device result; ``cp-emulated-*`` runs a 4-rank split one rank at a time and merges.
-  On a machine without a GPU the CLI first gives JAX simulated CPU devices, as the notebooks
-  do (``--devices``, default 4), so these checks shard over ``cp > 1``. With one device a
-  ``cp-<strategy>`` check is SKIP with the reason: at ``cp = 1`` nothing is sharded and the
-  comparison could not fail.
-* ``emulation-descriptors``: the ragged descriptors of the emulated TE sub-problems induce
-  exactly the per-token masks (pure numpy).
-* ``facade-signatures``: ``tutorial_utils.te`` has TE 2.20.2's parameter names and order (and,
-  with real TE, the installed TE's).
+A GPU node has many ways to be subtly wrong (no fused THD kernel on this GPU, a cuDNN without
+GQA/SWA support, a JAX that cannot see every device); this answers "does what runs here agree
+with the reference semantics?" before any chapter or benchmark is trusted.
 """
 
 from __future__ import annotations
@@ -1200,7 +1175,32 @@ def run_checks(
 ) -> list[CheckResult]:
     """Run every check (names containing ``only`` when given) and return their results.
 
-    ``list_only`` runs nothing and returns one SKIP result per check name.
+    ``list_only`` runs nothing and returns one SKIP result per check name. Each check prints
+    one line ``PASS|FAIL|SKIP <name>: <detail>``; the CLI's ``--out`` stores them with the
+    hardware and software facts as JSON, and its exit code is non-zero when any check fails.
+
+    Checks:
+
+    * ``te-*`` (TE's own code: real TE on a GPU node, TE-on-CPU elsewhere, each labelled; SKIP
+      under ``TUTORIAL_TE_BACKEND=reference``): TE's ``fused_attn`` against the reference on
+      small THD and BSHD configurations and on the seed shape (a subset of query rows),
+      outputs and gradients within TE's bf16 tolerance
+      (``rtol = atol = eps**(2/3) = 0.039``), padded rows ~0; TE's Ring and AllGather CP on the
+      devices present; and the ragged sub-problems that ``bench --emulate-ranks`` times.
+      ``--te-plumbing`` runs the same code against the facade's *reference* backend (a self-test
+      of the check's own plumbing, not a TE check).
+    * ``reference-vs-oracle:*``: the reference (dense and blockwise) against
+      ``jax.nn.dot_product_attention(implementation="xla")``, fp32, outputs and gradients.
+    * ``cp-*``: every CP strategy on the devices present (``cp = number of devices``) against the
+      single-device result; ``cp-emulated-*`` runs a 4-rank split one rank at a time and merges.
+      On a machine without a GPU the CLI first gives JAX simulated CPU devices, as the notebooks
+      do (``--devices``, default 4), so these checks shard over ``cp > 1``. With one device a
+      ``cp-<strategy>`` check is SKIP with the reason: at ``cp = 1`` nothing is sharded and the
+      comparison could not fail.
+    * ``emulation-descriptors``: the ragged descriptors of the emulated TE sub-problems induce
+      exactly the per-token masks (pure numpy).
+    * ``facade-signatures``: ``tutorial_utils.te`` has TE 2.20.2's parameter names and order (and,
+      with real TE, the installed TE's).
     """
     import jax
 

@@ -1,30 +1,9 @@
 """One process per device: a local launcher, the worker-side ``initialize()``, and a CP demo worker.
 
-Why: on real clusters context parallelism runs with one process per GPU, often across
-nodes, not with one process that owns every device. The code that shards the sequence is
-the same; what changes is that every process must join one JAX distributed runtime before
-touching a device, and that a dead or missing peer must turn into a clear error, not a hang.
-
-* ``python -m tutorial_utils.cli.launch -n 4 [--timeout S] [--port P] -- <module or script> [args]``
-  starts N processes on 127.0.0.1 with ``COORDINATOR_ADDRESS``, ``NUM_PROCESSES`` and
-  ``PROCESS_ID`` set (on CPU also ``JAX_PLATFORMS=cpu`` and one host device per process),
-  prefixes their output with ``[rank i]``, and watches them: when one exits non-zero (or
-  ``--timeout`` passes) it stops the others and exits non-zero naming the rank.
-* :func:`initialize` is what a worker calls first: it reads those variables (or lets JAX
-  detect SLURM / Open MPI), selects the gloo CPU collectives on CPU, and calls
-  ``jax.distributed.initialize`` with bounded initialization, heartbeat and shutdown
-  timeouts. A peer that never joins makes every rank exit with an "initialization timed out"
-  message after ``initialization_timeout``; a peer that dies later is reported by the
-  coordination service ("stopped sending heartbeats") within ``heartbeat_timeout``.
-* ``python -m tutorial_utils.cli.launch -n 4 --demo`` runs the built-in worker
-  (``--worker-demo``): TE's ``fused_attn`` with AllGather and Ring CP in bf16 (the default
-  backend: real TE on a GPU, TE's JAX code with the CPU stand-in kernel elsewhere) on a
-  global mesh over every process's devices, each rank checking its shards against the fp32
-  reference and against TE without CP, both computed on its own device, at TE's tolerance.
-  ``--strategies`` adds the tutorial's own Ring, AllGather and Ulysses; ``--backend
-  reference --dtype float32`` runs the pure-JAX reference in fp32.
-
-``--fail-rank R`` and ``--skip-rank R`` inject the two failure modes the tests check.
+On real clusters CP runs with one process per GPU, often across nodes: every process must join
+one JAX distributed runtime before touching a device, and a dead or missing peer must turn
+into a clear error, not a hang. Usage: ``python -m tutorial_utils.cli.launch -n 4 [--demo |
+-- <module or script> [args]]``.
 """
 
 from __future__ import annotations
@@ -417,6 +396,8 @@ def launch(
     """Start ``nprocs`` ranks of ``target`` (``[module_or_script, *args]``) on 127.0.0.1 and watch
     them.
 
+    Each rank gets ``COORDINATOR_ADDRESS``, ``NUM_PROCESSES`` and ``PROCESS_ID`` (on CPU also
+    ``JAX_PLATFORMS=cpu`` and its host devices), and its output is prefixed with ``[rank i]``.
     ``on_failure='kill'`` stops the other ranks as soon as one exits non-zero; ``'wait'`` lets
     them fail by themselves (to see the distributed runtime's own error), still bounded by
     ``timeout``. ``skip_ranks`` are never started (a missing host).

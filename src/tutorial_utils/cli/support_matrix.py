@@ -1,22 +1,9 @@
 """What TE 2.20.2's ``fused_attn`` does with each configuration, computed by running TE's code.
 
-Why: the FAQ and the chapters state what TE accepts in prose, from reading its source. This
-table is computed instead: every cell calls TE's own ``transformer_engine.jax.attention.fused_attn``
-(no facade, no checks of ours) with :mod:`tutorial_utils.te_on_cpu`'s kernel in place of
-cuDNN, forward and backward, and compares output and dQ/dK/dV with an independent dense
-formula (float32, written here). A cell is one of
-
-* ``right``: every value within TE's bf16 tolerance (``atol = rtol = 0.0394``), with the max error;
-* ``refused``: TE (or the stand-in's answer to TE's backend query) raised; the message, shortened;
-* ``wrong``: TE returned values outside the tolerance, with the max error.
-
-``stand_in`` marks cells whose verdict rests on the stand-in's reading of cuDNN's contract:
-a refusal that comes from the stand-in's backend answer, or rows inside a segment that see no
-key (what cuDNN writes there is not known here). Rows use bf16, tiny shapes, cp = 4.
-
-``python -m tutorial_utils.cli.support_matrix`` (``make support-matrix``) writes
-``results/support_matrix/te-2.20.2-cpu.json``; the page ``docs/support_matrix.md`` renders it
-and ``tests/test_support_matrix.py`` recomputes a sample of cells on every run.
+The FAQ and chapters state what TE accepts from reading its source; this table is computed
+instead, by TE's own ``fused_attn`` on :mod:`tutorial_utils.te_on_cpu`'s kernel, against an
+independent dense formula. ``make support-matrix`` writes
+``results/support_matrix/te-2.20.2-cpu.json``, rendered by ``docs/support_matrix.md``.
 """
 
 from __future__ import annotations
@@ -294,7 +281,22 @@ def _reorders(strategy, stripe):
 
 
 def compute_cell(row: dict, column: str) -> dict:
-    """Run TE's own ``fused_attn`` (forward + backward) for one cell; return its verdict."""
+    """Run TE's own ``fused_attn`` (forward + backward) for one cell; return its verdict.
+
+    TE is called directly (no facade, no checks of ours) with :mod:`tutorial_utils.te_on_cpu`'s
+    kernel in place of cuDNN, in bf16 at tiny shapes and cp = 4, and output and dQ/dK/dV are
+    compared with a dense float32 formula written here. The verdict is one of
+
+    * ``right``: every value within TE's bf16 tolerance (``atol = rtol = 0.0394``), with the
+      max error;
+    * ``refused``: TE (or the stand-in's answer to TE's backend query) raised; the message,
+      shortened;
+    * ``wrong``: TE returned values outside the tolerance, with the max error.
+
+    ``stand_in`` marks cells whose verdict rests on the stand-in's reading of cuDNN's contract:
+    a refusal that comes from the stand-in's backend answer, or rows inside a segment that see
+    no key (what cuDNN writes there is not known here).
+    """
     from tutorial_utils import te_on_cpu
 
     te_on_cpu.install()

@@ -1,8 +1,7 @@
 """Chapter 4's load-balance comparison: three packings, several layouts, one table.
 
-Why: the chapter's point is the numbers (how unevenly each layout spreads the visible
-query-key pairs over the devices, and how full the kernel's tiles are), not the loops that
-produce them. The counting itself is :func:`tutorial_utils.perfmodel.workcount.count_work`.
+The chapter's point is the numbers, not the loops that produce them; the counting itself is
+:func:`tutorial_utils.perfmodel.workcount.count_work`.
 """
 
 from __future__ import annotations

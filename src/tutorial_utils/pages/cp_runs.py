@@ -1,18 +1,9 @@
 """Plumbing for the chapters that run context parallelism (chapters 5a and 5b).
 
-Why: a chapter page should show the code a reader copies into a model (the reorder, the
-mesh and shardings, the ``fused_attn`` call with its CP arguments, the compiled step) and
-nothing else. The bookkeeping around it lives here, written once and tested:
-
-* :func:`thd_attention`: chapter 3's ``fused_attn`` call for a workload, so the CP chapters
-  add only the CP arguments;
-* :func:`te_tolerance`, :func:`max_abs_diff` and :func:`error_table`: the comparison of CP
-  outputs and gradients with the single-device run, at TE's test tolerance;
-* :func:`ulysses_step`: the forward+backward step of the pure-JAX Ulysses implementation
-  (TE has no Ulysses strategy), with the same signature as the chapter's TE step;
-* :func:`records_dir`, :func:`timing_results`, :func:`save_timing_record` and
-  :func:`published_results`: where a chapter's timings are written, and TE's published
-  figures read back from ``results/``.
+A chapter page should show only the code a reader copies into a model (the reorder, the mesh
+and shardings, the ``fused_attn`` call, the compiled step); the bookkeeping around it (the
+comparison with one device, the Ulysses step, timing records) lives here, written once and
+tested.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Printing helpers for chapters 1 and 2: what a packed batch, its descriptor and its shards hold.
 
-Why: those chapters teach the arrays (segment ids and positions, TE's ``SequenceDescriptor``,
-the slice of the sequence each device holds), not the loops that format them for a page.
-The formatting lives here, written once and tested, so the chapter cells stay the code a
-reader would type.
-
-* :func:`descriptor_fields`: the four ``(q, kv)`` pairs inside a ``SequenceDescriptor``,
-  with their shapes and shardings (TE's class has no readable ``repr``);
-* :func:`named_axes`: the fields of a ``MeshResource`` that name a mesh axis;
-* :func:`preset_table`: the tutorial's workload presets side by side;
-* :func:`token_ranges` and :func:`shard_table`: which tokens of a sequence-sharded array
-  each device holds, for several arrays at once;
-* :func:`local_rows`: each device's local values of ``[batch, seq]`` metadata;
-* :func:`wrapped`: a long message folded to the width of the page.
+Those chapters teach the arrays (segment ids and positions, TE's ``SequenceDescriptor``, each
+device's slice of the sequence), not the loops that format them, so the formatting lives here
+and the chapter cells stay the code a reader would type.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Chapter 3's check of TE's attention against an independent oracle: the shapes and the table.
 
-Why: chapter 3 shows the oracle itself (the mask written from chapter 1's three rules and
-``jax.nn.dot_product_attention``), because that is the check a reader should copy. Two pieces
-around it are bookkeeping and live here:
-
-* :func:`oracle_workload`: the dense oracle materialises every score, so for presets where
-  that does not fit in memory the check runs on the ``cpu`` preset's shapes instead;
-* :func:`tolerance_table`: each tensor's largest error and largest error relative to the
-  allowed one, ``|got - ref| <= tol + tol * |ref|`` (``assert_allclose`` semantics, computed
-  by :func:`tutorial_utils.cli.check.compare`).
+The chapter shows the oracle itself, because that is the check a reader should copy; the
+bookkeeping around it (a workload the dense oracle can hold, the tolerance table) lives here.
 """
 
 from __future__ import annotations

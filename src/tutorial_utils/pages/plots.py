@@ -1,17 +1,9 @@
 """Matplotlib figures for the tutorial chapters.
 
-Why: the chapters should read as explanation, TE-shaped calls and pictures. Every figure
-they show is drawn here, from plain arrays, so a notebook cell is one call and the
-drawing code is tested like the rest of the package (``tests/test_plots.py``).
-
-Each ``plot_*`` function validates its inputs (a ``ValueError`` names the offending
-parameter and says what to pass), creates its figure through ``matplotlib.pyplot`` (so
-Jupyter shows it with ``plt.show()``) and returns the :class:`~matplotlib.figure.Figure`.
-The data a figure shows is kept in its artists (images, lines, bars), which is what the
-tests read back.
-
-Colour conventions used throughout: light grey is padding (segment id 0), ranks use the
-``tab10`` colours in order, and segments use the ``Set2`` colours in order.
+Every figure the chapters show is drawn here from plain arrays, so a notebook cell is one call
+and the drawing code is tested. Each ``plot_*`` function validates its inputs and returns a
+:class:`~matplotlib.figure.Figure`. Colours: light grey is padding (segment id 0), ranks use
+``tab10`` in order, segments ``Set2`` in order.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The "how this page ran / what ran where" box, generated for the landing page and every chapter.
 
-Why: a reader must be able to tell, on every page, what produced it and whether any of it has
-run on a GPU. Written by hand, that text drifts: it was a near-identical paragraph at the top of
-several chapters, and a GPU run would have needed edits on every page. Here it is written once,
-from what is in ``results/``, and ``conf.py`` inserts it into each page as the page is read
-(Sphinx's ``source-read`` event), so a new chapter gets it with no edit and a GPU record that
-lands in ``results/`` is named on every page with no hand edit.
-
-A *GPU record* is a valid ``cp-bench/1`` record (:mod:`tutorial_utils.perfmodel.records`) whose
-``hardware.platform`` is ``"gpu"``. Published figures (``source == "published"``) are not runs
-of this project and never count.
+A reader must be able to tell, on every page, what produced it and whether any of it ran on a
+GPU; written once from ``results/``, the box is inserted by ``conf.py`` as each page is read,
+so it never drifts. Only a valid ``cp-bench/1`` record with ``hardware.platform == "gpu"``
+(not a published figure) counts as a GPU record.
 """
 
 from __future__ import annotations

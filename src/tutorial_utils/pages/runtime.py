@@ -1,9 +1,8 @@
 """Device set-up and the one-line provenance every notebook prints.
 
-Why: XLA reads ``--xla_force_host_platform_device_count`` only when JAX initialises its CPU
-backend, so the flag must be set *before* ``import jax``. On a GPU node the flag is
-harmless but pointless; here we only add it when no GPU is visible. And every executed
-output must say which backend (real TE or the reference) and which devices produced it.
+XLA reads ``--xla_force_host_platform_device_count`` only when JAX starts its CPU backend, so
+the flag is set before ``import jax`` (only when no GPU is visible); and every executed output
+says which backend and devices produced it.
 """
 
 from __future__ import annotations

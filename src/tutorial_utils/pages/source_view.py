@@ -1,9 +1,7 @@
 """Show a package function's source on a chapter page, as the cell's output.
 
-Why: a chapter that explains an algorithm should show the code that runs, not a copy of it
-pasted into the page, which would drift from the package. :func:`show_source` reads the
-source with :func:`inspect.getsource` when the notebook executes, so the page always shows
-what the cells below it actually call.
+A chapter that explains an algorithm should show the code that runs, not a pasted copy that
+drifts: :func:`show_source` reads it with :func:`inspect.getsource` when the notebook executes.
 """
 
 from __future__ import annotations

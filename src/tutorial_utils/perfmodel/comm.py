@@ -1,45 +1,8 @@
 """Bytes each rank sends and receives for Ring, AllGather and Ulysses context parallelism.
 
-Why: "is CP communication-bound?" is a question about bytes per rank per direction versus
-link bandwidth. GQA makes K/V 8-16x smaller than Q, which is why KV-passing strategies
-(Ring, AllGather) move so little, while Ulysses has to move Q and O too. This module
-writes every collective down, so the cost model and the reader can see where each byte
-comes from, and a test can hold it against the collectives XLA actually compiles.
-
-Accounting rules (per rank, one collective, local shard of ``n`` bytes, ``cp`` ranks):
-
-* ``collective-permute`` (one ring hop): sends ``n``, receives ``n``.
-* ``all-gather`` of an ``n``-byte shard into ``cp*n`` bytes: sends and receives ``(cp-1)*n``
-  (what a ring or a direct NVSwitch all-gather moves; the rank's own shard stays put).
-* ``reduce-scatter`` of a ``cp*n``-byte full tensor into an ``n``-byte shard: sends and
-  receives ``(cp-1)*n``.
-* ``all-to-all`` of an ``n``-byte local tensor: sends and receives ``(cp-1)/cp * n`` (the
-  1/cp slice addressed to itself never leaves the rank).
-
-Two schedules:
-
-* ``"te"``: TransformerEngine's THD CP primitives as read in ``transformer_engine/jax/
-  cpp_extensions/attention.py`` at commit d0067d0 (custom VJPs). Ring forward rotates a
-  stacked K|V block and the kv ids/pos ``cp-1`` times (the permutes issued in the last of the
-  ``cp`` unrolled steps feed nothing and are dropped by XLA). Ring backward rotates the
-  stacked ``[K|V, dK|dV]`` block at each of its ``cp`` steps, the kv ids/pos ``cp-1`` times,
-  and sends dK|dV one final hop home. AllGather backward **re-gathers** K, V, ids and pos
-  (the backward primitive receives only the local shards) before reduce-scattering dK, dV.
-* ``"reference"``: what ``jax.grad`` of this project's ``shard_map`` implementation
-  (:mod:`tutorial_utils.context_parallel`) compiles to. JAX differentiates through the
-  collectives, and the forward's gathered / rotated K, V are saved, so the backward only
-  moves gradients: Ring sends dK and dV back around the ring ``cp-1`` times (the
-  transpose of each forward hop), AllGather reduce-scatters dK and dV (the transpose of
-  all-gather). ``tests/test_comm.py`` checks this schedule against the compiled HLO.
-
-Ulysses (no TE JAX implementation; same in both schedules): forward all-to-alls Q, K, V
-from sequence-sharded to head-sharded and O back, and all-gathers the int32 ids and
-positions once (self-attention: every head group needs the whole sequence's mask
-metadata; the reference gathers the query and key copies separately before XLA's CSE
-merges them). Backward all-to-alls dO forward and dQ, dK, dV back.
-
-:func:`hlo_collective_bytes` applies the same rules to an HLO module's text, so the
-prediction can be compared with what XLA actually emits.
+"Is CP communication-bound?" is a question about bytes per rank per direction versus link
+bandwidth, so every collective is written down here, for the cost model, the reader, and a
+test that holds it against the collectives XLA actually compiles.
 """
 
 from __future__ import annotations
@@ -245,8 +208,43 @@ def comm_volume(
 ) -> CommVolume:
     """Every collective of ``strategy`` (``ring``, ``allgather``, ``ulysses``) with per-rank bytes.
 
-    Why: the volume decides whether CP can be communication-bound; see the module
-    docstring for the exact rules and the two schedules.
+    Why: the volume decides whether CP can be communication-bound. GQA makes K/V 8-16x
+    smaller than Q, which is why KV-passing strategies (Ring, AllGather) move so little, while
+    Ulysses has to move Q and O too.
+
+    Accounting rules (per rank, one collective, local shard of ``n`` bytes, ``cp`` ranks):
+
+    * ``collective-permute`` (one ring hop): sends ``n``, receives ``n``.
+    * ``all-gather`` of an ``n``-byte shard into ``cp*n`` bytes: sends and receives
+      ``(cp-1)*n`` (what a ring or a direct NVSwitch all-gather moves; the rank's own shard
+      stays put).
+    * ``reduce-scatter`` of a ``cp*n``-byte full tensor into an ``n``-byte shard: sends and
+      receives ``(cp-1)*n``.
+    * ``all-to-all`` of an ``n``-byte local tensor: sends and receives ``(cp-1)/cp * n`` (the
+      1/cp slice addressed to itself never leaves the rank).
+
+    Two schedules:
+
+    * ``"te"``: TransformerEngine's THD CP primitives as read in ``transformer_engine/jax/
+      cpp_extensions/attention.py`` at commit d0067d0 (custom VJPs). Ring forward rotates a
+      stacked K|V block and the kv ids/pos ``cp-1`` times (the permutes issued in the last of
+      the ``cp`` unrolled steps feed nothing and are dropped by XLA). Ring backward rotates
+      the stacked ``[K|V, dK|dV]`` block at each of its ``cp`` steps, the kv ids/pos ``cp-1``
+      times, and sends dK|dV one final hop home. AllGather backward **re-gathers** K, V, ids
+      and pos (the backward primitive receives only the local shards) before
+      reduce-scattering dK, dV.
+    * ``"reference"``: what ``jax.grad`` of this project's ``shard_map`` implementation
+      (:mod:`tutorial_utils.context_parallel`) compiles to. JAX differentiates through the
+      collectives, and the forward's gathered / rotated K, V are saved, so the backward only
+      moves gradients: Ring sends dK and dV back around the ring ``cp-1`` times (the
+      transpose of each forward hop), AllGather reduce-scatters dK and dV (the transpose of
+      all-gather). ``tests/test_comm.py`` checks this schedule against the compiled HLO.
+
+    Ulysses (no TE JAX implementation; same in both schedules): forward all-to-alls Q, K, V
+    from sequence-sharded to head-sharded and O back, and all-gathers the int32 ids and
+    positions once (self-attention: every head group needs the whole sequence's mask
+    metadata; the reference gathers the query and key copies separately before XLA's CSE
+    merges them). Backward all-to-alls dO forward and dQ, dK, dV back.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {STRATEGIES}.")
@@ -365,8 +363,8 @@ def hlo_collective_bytes(hlo_text: str, cp_size: int) -> dict[str, dict[str, int
     """Per-rank bytes sent by every synchronous collective in an HLO module's text, by op kind.
 
     Why: the only way to know what a ``shard_map`` program really moves is to read the
-    program XLA built. Sizes come from each op's result shape with the rules of this
-    module (all-gather result ``R``: ``R*(cp-1)/cp``; reduce-scatter result ``r``:
+    program XLA built. Sizes come from each op's result shape with the rules of
+    :func:`comm_volume` (all-gather result ``R``: ``R*(cp-1)/cp``; reduce-scatter result ``r``:
     ``(cp-1)*r``; all-to-all of total size ``n``, array or tuple form: ``n*(cp-1)/cp``;
     collective-permute: its result; all-reduce: ``2*n*(cp-1)/cp`` as a ring would move).
     The group size is read from ``replica_groups`` when present, else ``cp_size``. Async

@@ -1,9 +1,7 @@
 """Per-GPU hardware profiles used by the cost model, each number with where it comes from.
 
-Why: a prediction is only as good as the peak and bandwidth it divides by, and NVIDIA's
-headline numbers mix dense and sparse FLOP/s and per-direction and bidirectional
-bandwidth. Every figure here is dense BF16 and per direction, and carries its source
-string so a reader can check it.
+NVIDIA's headline numbers mix dense and sparse FLOP/s and per-direction and bidirectional
+bandwidth; every figure here is dense BF16 and per direction, with a source to check it by.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
 """Benchmark records: one JSON schema (``cp-bench/1``) for every timing the project shows.
 
-Why: a number without its origin misleads. A CPU run of the reference backend, a GPU run of
-real TE and a figure copied from a publication answer different questions. The benchmarks
-page must never put them on one axis without saying so. Every record therefore says where it
-came from (``source``), what ran (``config``), on what (``hardware``) and how it was timed
-(``timing``). :func:`validate_record` rejects a record that leaves any of that out.
-
-Schema ``cp-bench/1``::
-
-    {
-      "schema": "cp-bench/1",
-      "source": "cpu-reference" | "gpu" | "gpu-emulated" | "published",
-      "label": "short human-readable name",
-      "created": "2026-11-29T07:30:00+00:00",    # ISO 8601; optional for "published"
-      "hardware": {...},                          # free-form, e.g. runtime.environment_record()
-      "config": {"batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim",
-                 "dtype", "cp_size", "window" (optional), ...},
-      "timing": {"warmup_iters", "timing_iters", "compile_excluded"},   # optional
-      "results": [
-        {"strategy": "single" | "ring" | "allgather" | "ulysses" | <other>,
-         "stripe_size": int | null, "mean_ms": float > 0,
-         optional "std_ms", "min_ms", "median_ms", "speedup", "tflops", "max_abs_err"},
-        ...
-      ]
-    }
-
-Extra keys are allowed everywhere. Keys starting with ``_`` are bookkeeping added by
-:func:`load_records` and are not part of a stored record.
+A number without its origin misleads: every record says where it came from (``source``),
+what ran (``config``), on what (``hardware``) and how it was timed (``timing``), and
+:func:`validate_record` rejects one that leaves any of that out.
 """
 
 from __future__ import annotations
@@ -125,7 +101,34 @@ def _check_iso(field: str, value: Any) -> None:
 
 
 def validate_record(record: Any) -> None:
-    """Raise ``ValueError`` naming the first field of ``record`` that breaks ``cp-bench/1``."""
+    """Raise ``ValueError`` naming the first field of ``record`` that breaks ``cp-bench/1``.
+
+    Why: a CPU run of the reference backend, a GPU run of real TE and a figure copied from a
+    publication answer different questions; the benchmarks page must never put them on one
+    axis without saying so.
+
+    Schema ``cp-bench/1``::
+
+        {
+          "schema": "cp-bench/1",
+          "source": one of SOURCES ("cpu-te", "gpu", "published", ...),
+          "label": "short human-readable name",
+          "created": "2026-11-29T07:30:00+00:00",    # ISO 8601; optional for "published"
+          "hardware": {...},                          # free-form, e.g. runtime.environment_record()
+          "config": {"batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim",
+                     "dtype", "cp_size", "window" (optional), ...},
+          "timing": {"warmup_iters", "timing_iters", "compile_excluded"},   # optional
+          "results": [
+            {"strategy": "single" | "ring" | "allgather" | "ulysses" | <other>,
+             "stripe_size": int | null, "mean_ms": float > 0,
+             optional "std_ms", "min_ms", "median_ms", "speedup", "tflops", "max_abs_err"},
+            ...
+          ]
+        }
+
+    Extra keys are allowed everywhere. Keys starting with ``_`` are bookkeeping added by
+    :func:`load_records` and are not part of a stored record.
+    """
     if not isinstance(record, dict):
         raise ValueError(
             f"cp-bench record must be a JSON object (dict), got {type(record).__name__}."

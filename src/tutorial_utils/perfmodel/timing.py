@@ -1,10 +1,7 @@
 """Honest timing of forward+backward attention, and the JSON records it produces.
 
-Why: a benchmark that includes compilation, skips warm-up or forgets that JAX dispatch
-is asynchronous reports fiction. :func:`time_fn` compiles first (and reports compile time
-separately), warms up, calls ``block_until_ready`` around every timed iteration, and
-returns mean/std/min/median; :func:`make_record` wraps results with the hardware,
-versions and config that produced them.
+A benchmark that includes compilation, skips warm-up or forgets that JAX dispatch is
+asynchronous reports fiction; :func:`time_fn` avoids all three.
 """
 
 from __future__ import annotations
@@ -19,7 +16,12 @@ __all__ = ["time_fn", "make_record"]
 
 def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
     """Time ``fn(*args)``: first call (compile) timed apart, ``warmup`` untimed calls, ``iters``
-    timed calls."""
+    timed calls.
+
+    Every call is wrapped in ``block_until_ready``, because JAX dispatch is asynchronous.
+    Returns ``mean_ms``, ``std_ms``, ``min_ms``, ``median_ms`` of the timed calls, the first
+    call's time as ``first_call_ms``, and ``iters`` and ``warmup``.
+    """
     import jax
 
     if not isinstance(warmup, int) or warmup < 0:

@@ -1,25 +1,7 @@
 """Exact work accounting for packed causal sliding-window attention under context parallelism.
 
-Why: "CP gives a 4x speedup on 4 GPUs" is only true if every rank gets a quarter of the
-*visible* query-key pairs, and if the kernel can process those pairs in dense tiles. Both
-depend on the layout (contiguous, striped, dual-chunk), the stripe size, the packing and
-the window. This module counts them exactly, without ever building an S x S mask, so the
-numbers behind the cost model can be checked against a brute-force count.
-
-Semantics (TE's THD + PADDING_CAUSAL, see te-semantics.md §0), for one batch row::
-
-    visible(i, j) <=> seg_q[i] == seg_kv[j] != 0
-                      and pos_kv[j] <= pos_q[i]
-                      and (left < 0 or pos_kv[j] >= pos_q[i] - left)
-
-The right window bound never matters once causal applies (it is -1 or >= 0).
-
-How it stays fast: every valid key gets an integer code ``group * span + pos`` (group =
-batch row and segment id). The keys a query can see form one contiguous code interval,
-so a count is two lookups into a running count of one rank's keys over the code range
-(``_Below``; two ``np.searchsorted`` calls where that range is sparse): O(S) per rank, about a
-second for a 2 x 1M-token layout.
-
+"CP gives a 4x speedup on 4 GPUs" is only true if every rank gets a quarter of the *visible*
+query-key pairs, in dense tiles; this counts both exactly, without building an S x S mask.
 Counts are **per query head**; multiply by ``num_q_heads`` (or use :func:`attention_flops`).
 """
 
@@ -145,7 +127,13 @@ def local_token_order(
 
 
 class _Coder:
-    """Integer codes so that "same row and segment, pos in [lo, hi]" is one code interval."""
+    """Integer codes so that "same row and segment, pos in [lo, hi]" is one code interval.
+
+    Every valid key gets the code ``group * span + pos`` (group = batch row and segment id).
+    The keys a query can see form one contiguous code interval, so a count is two lookups
+    into a running count of one rank's keys over the code range (:class:`_Below`): O(S) per
+    rank.
+    """
 
     def __init__(self, ids: np.ndarray, pos: np.ndarray, left: int):
         batch, seq = ids.shape
@@ -170,11 +158,10 @@ class _Below:
     """How many of a set of integer codes are < x (``left``) or <= x (``right``), as
     ``np.searchsorted`` gives.
 
-    Why: the cost model counts a million queries against every rank's keys, and binary searches
-    on unsorted queries were a third of its time. Codes are dense (row, segment, position)
-    numbers, so a running count over the code range answers each query with one lookup. Where
-    that range is much larger than the set (sparse ids or positions), it falls back to
-    ``np.searchsorted``.
+    Why: the cost model counts a million queries against every rank's keys. Codes are dense
+    (row, segment, position) numbers, so a running count over the code range answers each
+    query with one lookup instead of a binary search. Where that range is much larger than the
+    set (sparse ids or positions), it falls back to ``np.searchsorted``.
     """
 
     def __init__(self, codes: np.ndarray, size: int):
@@ -228,6 +215,14 @@ def visible_pairs_per_query(segment_ids, segment_pos, window=(-1, 0)) -> np.ndar
 
     Why: the per-row key count is the natural unit of attention work (FLOPs = 4*d per pair
     per head) and shows at a glance how a window caps the cost of late tokens.
+
+    Semantics (TE's THD + PADDING_CAUSAL), for one batch row::
+
+        visible(i, j) <=> seg_q[i] == seg_kv[j] != 0
+                          and pos_kv[j] <= pos_q[i]
+                          and (left < 0 or pos_kv[j] >= pos_q[i] - left)
+
+    The right window bound never matters once causal applies (it is -1 or >= 0).
     """
     ids, pos = _check_ids_pos(segment_ids, segment_pos)
     left, _ = check_window(window)

@@ -1,11 +1,8 @@
 """Drop-in for ``import transformer_engine.jax as te``: ``import tutorial_utils.te as te``.
 
-On a GPU node with TransformerEngine installed, ``te.attention``, ``te.sharding``,
-``te.autocast`` and ``te.MeshResource`` come from real TE. On a machine without CUDA they come
-from TE's same JAX code, with :mod:`tutorial_utils.te_on_cpu`'s reference kernel in place of
-cuDNN. ``fused_attn`` is TE's, behind a few static checks for inputs TE would silently get
-wrong. ``TUTORIAL_TE_BACKEND=reference`` selects the pure-JAX re-implementation instead.
-``te.backend_name()`` says which one produced your outputs.
+Real TE on a GPU node; elsewhere TE's same JAX code with a CPU kernel in place of cuDNN, so
+the chapters run anywhere. ``fused_attn`` adds static checks for inputs TE would silently get
+wrong; ``te.backend_name()`` says which implementation produced your outputs.
 """
 
 from __future__ import annotations
@@ -39,7 +36,23 @@ else:
 
     @contextmanager
     def autocast(enabled: bool = False, recipe=None, mesh_resource: MeshResource | None = None):
-        """Set the global ``MeshResource`` (FP8/FP4 quantisation is not part of the reference)."""
+        """Set the global ``MeshResource`` for the block, as ``te.autocast`` does.
+
+        The reference backend's stand-in for TE's ``autocast``: TE finds the CP axis through
+        the global ``MeshResource``, so the same user code works on both backends. FP8/FP4
+        quantisation is not part of the reference.
+
+        Args:
+            enabled: Must be False (no FP8/FP4 in the reference).
+            recipe: Must be ``None``.
+            mesh_resource: The mesh axis names to use; default an empty ``MeshResource()``.
+
+        Returns:
+            A context manager; the ``MeshResource`` is set inside its block.
+
+        Raises:
+            ValueError: If ``enabled`` is true or a ``recipe`` is given.
+        """
         if enabled or recipe is not None:
             raise ValueError(
                 f"autocast(enabled={enabled}, recipe={recipe!r}): FP8/FP4 recipes need real TE on a"

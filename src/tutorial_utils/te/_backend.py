@@ -1,15 +1,8 @@
-"""Decide once which implementation ``tutorial_utils.te`` hands over to.
+"""Decide once, at import, which implementation ``tutorial_utils.te`` hands over to.
 
-Why: the same notebook cell must run real TE on a GPU node, and TE's own Python everywhere
-else. ``TUTORIAL_TE_BACKEND`` chooses:
-
-* ``auto`` (default): real TE when a GPU is visible and ``transformer_engine.jax`` imports;
-  otherwise TE-on-CPU (TE's JAX code with :mod:`tutorial_utils.te_on_cpu`'s kernel);
-  otherwise the pure-JAX reference, with the reason in :func:`backend_name`.
-* ``te``: real TE, or an error saying how to install it.
-* ``te-cpu``: TE-on-CPU, or an error.
-* ``reference``: the pure-JAX re-implementation of TE's API (more forgiving than TE: it
-  ignores token order, so it cannot show TE's failure modes).
+The same notebook cell must run real TE on a GPU node and TE's own Python everywhere else.
+``TUTORIAL_TE_BACKEND`` chooses: ``auto`` (default: real TE if a GPU is visible and TE
+imports, else TE-on-CPU, else the pure-JAX reference), ``te``, ``te-cpu`` or ``reference``.
 """
 
 from __future__ import annotations
@@ -81,22 +74,49 @@ REAL_TE, BACKEND_KIND, WHY_NOT_TE = _decide()
 
 
 def using_real_te() -> bool:
-    """True when real TransformerEngine runs with cuDNN kernels (a GPU node)."""
+    """Whether real TransformerEngine runs, with cuDNN kernels (a GPU node).
+
+    Lets a page say (or a test require) that its outputs came from real GPU kernels.
+
+    Returns:
+        True for the ``te`` backend.
+    """
     return BACKEND_KIND == "te"
 
 
 def using_te_code() -> bool:
-    """True when TE's own Python runs: real TE, or TE-on-CPU with the stand-in kernel."""
+    """Whether TE's own Python runs: real TE, or TE-on-CPU with the stand-in kernel.
+
+    Only TE's own code shows TE's failure modes; the pure-JAX reference is more forgiving
+    (it ignores token order).
+
+    Returns:
+        True for the ``te`` and ``te-cpu`` backends, False for ``reference``.
+    """
     return REAL_TE is not None
 
 
 def backend_kind() -> str:
-    """``'te'`` (real TE on a GPU), ``'te-cpu'`` (TE's JAX code on CPU) or ``'reference'``."""
+    """The kind of backend ``tutorial_utils.te`` hands over to, as a short key.
+
+    For code that branches on the backend; :func:`backend_name` is the readable form.
+
+    Returns:
+        ``'te'`` (real TE on a GPU), ``'te-cpu'`` (TE's JAX code on CPU) or ``'reference'``.
+    """
     return BACKEND_KIND
 
 
 def backend_name() -> str:
-    """Which implementation produced the outputs, in words, e.g. for a page's ``Backend:`` line."""
+    """Which implementation produced the outputs, in words.
+
+    Every executed page prints it (e.g. on its ``Backend:`` line), so a reader knows what
+    produced the numbers.
+
+    Returns:
+        A description with TE's version and kernel, or the reference's name with the reason
+        TE was not used, if there was one.
+    """
     if BACKEND_KIND == "te":
         return f"TransformerEngine {_te_version(REAL_TE)} (real cuDNN kernels)"
     if BACKEND_KIND == "te-cpu":

@@ -1,25 +1,8 @@
 """Where CP inputs live: TE's partitioner reads it, so the facade checks and pins it.
 
-Why: TE 2.20.2's context-parallel ``fused_attn`` decides *what each rank computes* from the
-shardings its custom partitioner is handed, not from the arrays' values. Run on CPU with
-TE's own code (``tests/test_placement.py``):
-
-* q/k/v that are not sharded over the CP axis (plain arrays, never ``device_put`` on the
-  mesh), called eagerly: a wrong output, no error;
-* the same arrays correctly placed but called eagerly (outside ``jax.jit``): wrong too, because
-  TE's primitives are then dispatched one by one and the metadata they see is not sharded
-  the way the partitioner assumes;
-* under ``jax.jit`` without shardings: TE's partitioner stops with a bare
-  ``AssertionError: cp is not a axis of the given mesh``;
-* reordering inside ``jit`` (or any op whose sharding XLA must infer) in front of the call,
-  and the output gradient behind it, can reach the partitioner as a sharding that has no
-  name over the mesh: a bare ``explode_superdims`` assertion (NVIDIA/TransformerEngine#3516).
-
-So, with a CP axis of size > 1, :func:`check_placement` refuses inputs whose placement is
-*visible* (concrete arrays, or tracers whose type carries an explicit sharding) and not over
-the CP axis on the sequence dimension, and :func:`pinned` runs TE's call compiled as a whole
-with q/k/v, the segment ids/positions and the output constrained to that sharding. The
-constraint on the output is also a constraint on its cotangent, which is the dO fix.
+TE 2.20.2's context-parallel ``fused_attn`` decides *what each rank computes* from the
+shardings its partitioner is handed, not from the arrays' values: misplaced inputs give
+wrong outputs or bare assertions (shown on TE's own code in ``tests/test_placement.py``).
 """
 
 from __future__ import annotations
@@ -48,9 +31,16 @@ FIX = (
 def visible_sharding(x) -> jax.sharding.Sharding | None:
     """The sharding of ``x`` when it is known at call time, else ``None``.
 
-    Concrete ``jax.Array``: its ``.sharding``. A tracer: the sharding in its type, but only
-    when the mesh axes are ``Explicit`` (under the default ``Auto`` axes a tracer's type says
-    nothing about where its data will be).
+    Only a visible placement can be checked before TE's call; the rest is left to
+    :func:`guard_placement` at partitioning time.
+
+    Args:
+        x: Any value; a concrete ``jax.Array`` or a tracer may carry a sharding.
+
+    Returns:
+        A concrete array's ``.sharding``; a tracer's type's sharding, but only when the mesh
+        axes are ``Explicit`` (under the default ``Auto`` axes a tracer's type says nothing
+        about where its data will be); otherwise ``None``.
     """
     if isinstance(x, jax.core.Tracer):
         try:
@@ -66,7 +56,18 @@ def visible_sharding(x) -> jax.sharding.Sharding | None:
 
 
 def sharded_over(sharding, axis: str, dim: int) -> bool:
-    """True when ``sharding`` splits dimension ``dim`` over the mesh axis ``axis``."""
+    """Whether ``sharding`` splits dimension ``dim`` over the mesh axis ``axis``.
+
+    The one test behind both placement checks: the sequence must be split over the CP axis.
+
+    Args:
+        sharding: Any sharding; only a ``NamedSharding`` can qualify.
+        axis: Mesh axis name.
+        dim: Array dimension.
+
+    Returns:
+        True when ``axis`` is (one of) the mesh axes of ``dim`` in the sharding's spec.
+    """
     spec = getattr(sharding, "spec", None)
     if not isinstance(sharding, NamedSharding) or spec is None or len(spec) <= dim:
         return False
@@ -76,11 +77,23 @@ def sharded_over(sharding, axis: str, dim: int) -> bool:
 
 
 def check_placement(arrays, *, cp_axis: str, cp_size: int) -> None:
-    """Raise ``ValueError`` for an input whose visible sharding leaves the sequence unsplit.
+    """Refuse inputs whose visible sharding leaves the sequence unsplit over the CP axis.
 
-    ``arrays`` maps a name (``"q"``, ``"sequence_descriptor.segment_ids[0]"``, ...) to an
-    array whose axis 1 is the sequence. Size-0 placeholders and arrays whose placement is
-    not visible are skipped (:func:`pin_sequence` takes care of those).
+    Called eagerly with q/k/v not sharded over the CP axis, TE returns a wrong output and no
+    error; this names the input and the fix instead. Size-0 placeholders and arrays whose
+    placement is not visible are skipped (:func:`pin_sequence` takes care of those).
+
+    Args:
+        arrays: Maps a name (``"q"``, ``"sequence_descriptor.segment_ids[0]"``, ...) to an
+            array whose axis 1 is the sequence.
+        cp_axis: Name of the CP mesh axis.
+        cp_size: Its size; with 1 nothing is checked.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: If an input's visible sharding does not split axis 1 over ``cp_axis``.
     """
     if cp_size <= 1:
         return
@@ -100,16 +113,39 @@ def check_placement(arrays, *, cp_axis: str, cp_size: int) -> None:
 
 
 def sequence_spec(ndim: int, cp_axis: str, batch) -> P:
-    """``P(batch, cp_axis, <unconstrained>...)`` for an array ``[batch, seq, ...]``."""
+    """The partition spec that puts an array's sequence axis on the CP axis.
+
+    Other axes are left unconstrained so that XLA keeps (e.g.) a head sharding it chose.
+
+    Args:
+        ndim: Rank of the array, at least 2.
+        cp_axis: Name of the CP mesh axis.
+        batch: Mesh axis (or axes) for the batch, or ``None`` to replicate it.
+
+    Returns:
+        ``P(batch, cp_axis, P.UNCONSTRAINED, ...)`` for an array ``[batch, seq, ...]``.
+    """
     return P(batch, cp_axis, *([P.UNCONSTRAINED] * (ndim - 2)))
 
 
 def pin_sequence(x, cp_axis: str, batch):
-    """``with_sharding_constraint`` of the sequence axis to ``cp_axis`` (the batch to ``batch``).
+    """Constrain ``x``'s sequence axis to ``cp_axis`` (and its batch axis to ``batch``).
 
-    A bare ``PartitionSpec``: it refers to the mesh made active with ``jax.set_mesh`` (or
-    ``with mesh:``), the one TE's partitioner uses. Size-0 placeholders and 1-D arrays
-    (``seqlens``) pass unchanged.
+    Under ``jax.jit``, an input whose sharding XLA must infer (e.g. reordered inside the jit)
+    can reach TE's partitioner unsharded, or as a sharding with no name over the mesh; both
+    stop TE with a bare assertion. Pinned inputs and output avoid that, and the constraint on
+    the output also constrains its cotangent (dO). The spec is a bare ``PartitionSpec``: it
+    refers to the mesh made active with ``jax.set_mesh`` (or ``with mesh:``), the one TE's
+    partitioner uses.
+
+    Args:
+        x: Array ``[batch, seq, ...]``; ``None``, size-0 placeholders and 1-D arrays
+            (``seqlens``) pass unchanged.
+        cp_axis: Name of the CP mesh axis.
+        batch: Mesh axis (or axes) for the batch, or ``None``.
+
+    Returns:
+        ``x`` under ``jax.lax.with_sharding_constraint``, or ``x`` itself.
     """
     if x is None or getattr(x, "size", 0) == 0 or getattr(x, "ndim", 0) < 2:
         return x
@@ -182,7 +218,25 @@ def _guard(name: str, cp_axis: str, ndim: int):
 
 
 def guard_placement(x, name: str, cp_axis: str):
-    """``x`` through :func:`_guard` (arrays with a sequence axis only)."""
+    """Pass ``x`` through an identity that checks its sharding when XLA partitions.
+
+    Where the placement was not visible when ``fused_attn`` was traced, TE's own partitioner
+    would stop with a bare ``AssertionError: cp is not a axis of the given mesh``; the guard
+    runs first and names the input and the fix.
+
+    Args:
+        x: Array ``[batch, seq, ...]``; ``None``, size-0 placeholders and 1-D arrays pass
+            unchanged.
+        name: The input's name for the error message, e.g. ``"q"``.
+        cp_axis: Name of the CP mesh axis.
+
+    Returns:
+        ``x`` (through the guard when it has a sequence axis); the gradient passes unchanged.
+
+    Raises:
+        ValueError: At partitioning time, if the sharding XLA settled on does not split axis
+            1 over ``cp_axis``.
+    """
     if x is None or getattr(x, "size", 0) == 0 or getattr(x, "ndim", 0) < 2:
         return x
     return _guard(name, cp_axis, x.ndim)(x)

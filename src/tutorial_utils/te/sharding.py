@@ -1,8 +1,7 @@
 """``MeshResource`` and the global mesh-resource guard, as in ``transformer_engine.jax.sharding``.
 
-Why: TE finds the context-parallel mesh axis through a global ``MeshResource`` set by
-``te.autocast(mesh_resource=...)``; the reference backend must find it the same way so the
-same user code shards the same way.
+TE finds the context-parallel mesh axis through a global ``MeshResource``; the reference
+backend finds it the same way, so the same user code shards the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +31,17 @@ else:
     class MeshResource:
         """Names of the mesh axes used for each kind of parallelism (``None`` = unused).
 
-        Field order matches TE: positional ``MeshResource("dp", "cp")`` would put ``"cp"`` on
-        ``tp_resource``. Use keywords.
+        TE's class, for the reference backend. Field order matches TE: positional
+        ``MeshResource("dp", "cp")`` would put ``"cp"`` on ``tp_resource``. Use keywords.
+
+        Attributes:
+            dp_resource: Data-parallel axis (shards the batch).
+            tp_resource: Tensor-parallel axis.
+            tpsp_resource: Tensor-sequence-parallel axis.
+            fsdp_resource: Fully-sharded data-parallel axis (shards the batch).
+            pp_resource: Pipeline-parallel axis.
+            cp_resource: Context-parallel axis (shards the sequence).
+            ep_resource: Expert-parallel axis.
         """
 
         dp_resource: str = None
@@ -48,7 +56,19 @@ else:
 
     @contextmanager
     def global_shard_guard(resource: MeshResource):
-        """Set the global ``MeshResource`` for the duration of the block."""
+        """Set the global ``MeshResource`` for the duration of the block.
+
+        TE's attention reads the CP axis from it; the previous value is restored on exit.
+
+        Args:
+            resource: The ``MeshResource`` to make global, or ``None``.
+
+        Returns:
+            A context manager.
+
+        Raises:
+            ValueError: If ``resource`` is neither a ``MeshResource`` nor ``None``.
+        """
         global _GLOBAL
         if resource is not None and not isinstance(resource, MeshResource):
             raise ValueError(
@@ -63,7 +83,14 @@ else:
             _GLOBAL = old
 
     def global_mesh_resource() -> MeshResource:
-        """The active ``MeshResource``; raises if none was set (as TE asserts)."""
+        """The global ``MeshResource`` set by :func:`global_shard_guard`.
+
+        Returns:
+            The active ``MeshResource``.
+
+        Raises:
+            ValueError: If none was set (TE asserts there).
+        """
         if _GLOBAL is None:
             raise ValueError(
                 "No global MeshResource is set. Wrap the call in `with"
@@ -74,7 +101,14 @@ else:
 
 
 def active_mesh():
-    """The mesh made active with ``jax.set_mesh(mesh)`` or ``with mesh:``, else ``None``."""
+    """The mesh made active with ``jax.set_mesh(mesh)`` or ``with mesh:``.
+
+    TE's partitioner uses that mesh, so the facade looks up the CP axis on it too.
+
+    Returns:
+        The abstract mesh set with ``jax.set_mesh``, else the physical mesh of a
+        ``with mesh:`` block, else ``None``.
+    """
     import jax
 
     abstract = jax.sharding.get_abstract_mesh()
@@ -92,8 +126,22 @@ def active_mesh():
 
 
 def cp_axis_and_size(context_parallel_axis: str = ""):
-    """Find the CP axis as TE does: explicit name, else ``MeshResource.cp_resource`` under an active
-    mesh."""
+    """Find the CP axis as TE does: the explicit name, else ``MeshResource.cp_resource``.
+
+    TE reads the global ``MeshResource`` only under an active mesh; doing the same means the
+    facade shards exactly when TE would.
+
+    Args:
+        context_parallel_axis: The axis name passed to ``fused_attn``; empty to look it up.
+
+    Returns:
+        ``(mesh, axis, size)``: the active mesh (or ``None``), the CP axis name (``""`` when
+        there is none) and its size (1 without CP).
+
+    Raises:
+        ValueError: If an axis is named but no mesh is active, or the active mesh has no axis
+            of that name.
+    """
     mesh = active_mesh()
     axis = context_parallel_axis
     if not axis and mesh is not None:
@@ -119,11 +167,17 @@ def cp_axis_and_size(context_parallel_axis: str = ""):
 
 
 def batch_axes(mesh):
-    """Mesh axes that shard the batch: ``MeshResource.dp_resource`` and ``fsdp_resource`` when
-    active.
+    """Mesh axes that shard the batch: ``MeshResource.dp_resource`` and ``fsdp_resource``.
 
-    Returns ``None`` (batch replicated), one axis name, or a tuple of names, ready for a
-    ``PartitionSpec``.
+    The facade pins the sequence axis to the CP axis and must keep the batch axis where the
+    user's data-parallel sharding puts it.
+
+    Args:
+        mesh: The active mesh, or ``None``.
+
+    Returns:
+        ``None`` (batch replicated), one axis name, or a tuple of names, ready for a
+        ``PartitionSpec``; axes of size 1 are left out.
     """
     if mesh is None:
         return None

@@ -1,19 +1,8 @@
 """The compiled CPU stand-in kernel for cuDNN's fused attention (an XLA FFI custom call).
 
-Why: :mod:`tutorial_utils.te_on_cpu` runs TE's own JAX code on CPU and puts a reference
-kernel where cuDNN's would be. Lowered from JAX
-(:func:`tutorial_utils.reference.blockwise_attention`
-in bounds mode), that kernel's loop nest is inlined into every program at every call site: a
-Ring step, a backward, a Flax layer. Compiling those copies is most of what a CPU run of TE's
-code costs. ``cpu_attention_kernel.cc`` (next to this file) does the same maths in C++ behind
-one custom call, as cuDNN does on a GPU, so XLA compiles one instruction instead.
-
-The library is built on first use with the machine's C++ compiler (``$CXX``, ``g++``, ``c++``
-or ``clang++``) against the FFI headers that jaxlib ships, and cached under
-``$TUTORIAL_CPU_KERNEL_CACHE`` (default ``~/.cache/cp-attention-tutorial``), keyed by the
-source, the compiler, jaxlib's version and the CPU. Where no compiler works, the pure-JAX kernel
-is used (same semantics, slower compiles) and :func:`status` says why.
-``TUTORIAL_CPU_KERNEL=jax`` asks for the JAX kernel, ``=cpp`` insists on the compiled one.
+Lowered from JAX (:func:`tutorial_utils.reference.blockwise_attention` in bounds mode), the
+stand-in's loop nest is inlined at every call site; ``cpu_attention_kernel.cc`` does the same
+maths in C++ behind one custom call, as cuDNN does on a GPU, so XLA compiles one instruction.
 """
 
 from __future__ import annotations
@@ -70,6 +59,12 @@ def _cpu_signature() -> str:
 
 
 def cache_dir() -> Path:
+    """Folder where built kernel libraries are cached.
+
+    ``$TUTORIAL_CPU_KERNEL_CACHE``, else ``cp-attention-tutorial`` under ``$XDG_CACHE_HOME``
+    (default ``~/.cache``). Each library is keyed by the source, the compiler, jaxlib's
+    version and the CPU.
+    """
     default = (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cp-attention-tutorial"
     )
@@ -89,7 +84,7 @@ def _build(cxx: str, include: str) -> Path:
         return target
     folder.mkdir(parents=True, exist_ok=True)
     # One builder at a time: processes that start together (a test run's workers and its site
-    # build) wait for the first one's library instead of each spending ~7 CPU s on the same build.
+    # build) wait for the first one's library instead of each building the same one.
     with _build_lock(folder / f".libtutorial_cpu_attention-{key}.lock"):
         if target.exists():
             return target
@@ -142,7 +137,12 @@ def _compile(cxx: str, include: str, target: Path, folder: Path) -> Path:
 
 
 def load() -> tuple[bool, str | None]:
-    """Build (once), load and register the FFI targets; ``(True, None)`` or ``(False, why not)``."""
+    """Build (once), load and register the FFI targets; ``(True, None)`` or ``(False, why not)``.
+
+    The library is built on first use with the machine's C++ compiler (``$CXX``, ``g++``,
+    ``c++`` or ``clang++``) against the FFI headers that jaxlib ships, and cached under
+    :func:`cache_dir`.
+    """
     with _lock:
         if _state["loaded"] is not None:
             return _state["loaded"], _state["why_not"]
@@ -168,7 +168,12 @@ def load() -> tuple[bool, str | None]:
 
 
 def use_compiled() -> bool:
-    """Whether te_on_cpu's kernels go through the compiled library (decided at trace time)."""
+    """Whether te_on_cpu's kernels go through the compiled library (decided at trace time).
+
+    Where no compiler works, the pure-JAX kernel is used (same semantics) and :func:`status`
+    says why; ``TUTORIAL_CPU_KERNEL=jax`` asks for the JAX kernel, ``=cpp`` insists on the
+    compiled one.
+    """
     wanted = choice()
     if wanted == "jax":
         return False
