@@ -6,61 +6,24 @@ AllGather stripe > 1, Ring stripe 1). Then Ring and AllGather outputs and gradie
 checked against the single-device call of the same code.
 """
 
-import pathlib
-
 import numpy as np
 import pytest
-from seed_script import extract_code, find_seed, port
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SEED = find_seed(ROOT)
-
-SIZE_SWAPS = {
-    "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 65536, 128, 8, 128": (
-        "batch, seq, num_query_heads, num_kv_heads, head_dim = 2, 1024, 16, 2, 32"
-    ),
-    "window_size = (8192, 0)": "window_size = (128, 0)",
-    "dtype = jnp.bfloat16": "dtype = jnp.float32",
-    "timing_iters = 5": "timing_iters = 1",
-    "warmup_iters = 2": "warmup_iters = 1",
-    "ag_stripe_size = 512": "ag_stripe_size = 8",
-}
-
-# Two helpers the published page calls but does not show.
-MISSING_HELPERS = """
-def _single_gpu_grad_fn():
-    def loss_fn(qkv_arg, seq_desc_arg, dout_arg):
-        out = fused_thd_attention(qkv_arg, seq_desc_arg)
-        return jnp.vdot(out.astype(jnp.float32), dout_arg.astype(jnp.float32))
-    return jax.jit(jax.value_and_grad(loss_fn))
-
-
-def _strategy_name(strategy):
-    return {CPStrategy.RING: "Ring", CPStrategy.ALL_GATHER: "AllGather", CPStrategy.DEFAULT:
-    "AllGather"}[strategy]
-"""
+from seed_script import extract_code, port, require_seed, seed_program
 
 
 @pytest.fixture(scope="module")
 def seed_ns():
-    if SEED is None:
-        pytest.skip(
-            "the seed tutorial document (../shared/seeds/000_*.txt) is not present beside this"
-            " checkout"
-        )
-    code = port(extract_code(SEED.read_text()))
-    for old, new in SIZE_SWAPS.items():
-        assert old in code, f"seed no longer contains {old!r}"
-        code = code.replace(old, new)
+    code = seed_program(
+        batch=2, seq_len=1024, heads=16, kv_heads=2, head_dim=32, window=128, stripe=8,
+        dtype="float32", iters=(1, 1), facade=True,
+    )  # fmt: skip
     ns = {"__name__": "seed_tutorial"}
-    exec(compile(code + MISSING_HELPERS, str(SEED), "exec"), ns)  # noqa: S102 - the point of the test
+    exec(compile(code, str(require_seed()), "exec"), ns)  # noqa: S102 - the point of the test
     return ns
 
 
 def test_only_imports_were_changed():
-    if SEED is None:
-        pytest.skip("seed document not present")
-    original = extract_code(SEED.read_text())
+    original = extract_code(require_seed().read_text())
     ported = port(original)
     changed = [(a, b) for a, b in zip(original.splitlines(), ported.splitlines()) if a != b]
     assert len(changed) == 3
