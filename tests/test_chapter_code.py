@@ -3,7 +3,7 @@
 Counted over the code cells of every chapter in the site's table of contents (jupytext MyST
 sources), as ``make lint`` formats them (ruff, 88 columns):
 
-* at most 1,100 reader-visible lines in all and 270 in any one chapter (non-blank,
+* at most 1,400 reader-visible lines in all and 270 in any one chapter (non-blank,
   non-comment lines of cells that are not hidden with ``hide-input``, ``remove-input`` or
   ``remove-cell``);
 * no line of any code cell wider than 88 characters, the width of the code box;
@@ -20,7 +20,7 @@ import pytest
 from site_pages import chapter_sources
 
 ALL_CHAPTERS = chapter_sources()
-BUDGET, CHAPTER_BUDGET = 1100, 270
+BUDGET, CHAPTER_BUDGET = 1400, 270
 WIDTH = 88
 HIDDEN = ("hide-input", "remove-input", "remove-cell")
 

@@ -202,3 +202,15 @@ def test_published_tutorial_script_runs_through_the_runner(tmp_path):
     out = _ok(run_script(_script(tmp_path, "te_cp_tutorial.py", code), 4), 4)
     assert any(line.startswith("seed RING stripe 1:") for line in out), out
     assert any(line.startswith("seed ALL_GATHER stripe 8:") for line in out), out
+
+
+def test_the_changes_to_your_model_are_lines_of_a_recipe_that_runs():
+    """Every line of the Recipes page's diff is a line of examples/ (which the tests run)."""
+    page = (ROOT / "docs" / "recipes.md").read_text()
+    diff = page.split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
+    body = [line[1:].strip() for line in diff if line[:1] in "+ " and line[1:].strip()]
+    added = [line for line in diff if line.startswith("+")]
+    assert 20 <= len(diff) <= 30 and len(added) >= 10, len(diff)
+    recipe_lines = {ln.strip() for p in EXAMPLES.glob("*.py") for ln in p.read_text().splitlines()}
+    missing = [line for line in body if line not in recipe_lines]
+    assert not missing, missing
