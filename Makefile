@@ -25,9 +25,8 @@ help:
 	@echo "make gpu-carry - (development) cut gpu-bundle/ for a machine taking 64 MiB per call; print the plan"
 	@echo "make gpu-rehearse - (development) play that plan here with TE's real build, in a fresh Python 3.12"
 
-# uv where pip can install it (the same versions in about 10 s instead of 66 s), else pip;
-# TUTORIAL_INSTALLER=pip forces pip (devtools/venv_install.py). Neither compiles
-# the whole venv to bytecode; one import of what every run imports writes those .pyc files (PYC below).
+# The venv's installer: uv where pip can install it, else pip; TUTORIAL_INSTALLER=pip forces pip
+# (devtools/venv_install.py; CONTRIBUTING.md, "The test run", says why and what it saves).
 INSTALL := devtools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,16 +38,11 @@ venv: $(STAMP)
 # Two workers; a test file is the unit of distribution, so the site build and its browser
 # checks (tests/test_site.py) stay in one worker and the site is built once.
 PYTEST_WORKERS ?= 2
-# Every process of the run gets TCMalloc when the machine has it (tests/setup_machine.sh installs
-# it): about a tenth less CPU for XLA's compiles; TUTORIAL_FAST_MALLOC=0 runs with glibc's malloc.
-# And one OpenBLAS thread: numpy's idle BLAS threads spin, 1.6 % of a TE compile's CPU, on cores
-# the run already keeps busy.
+# The run's environment: TCMalloc preloaded when the machine has it (TUTORIAL_FAST_MALLOC=0: glibc's
+# malloc) and one OpenBLAS thread (CONTRIBUTING.md, "The test run", gives the figures).
 RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	LD_PRELOAD="$$(bash tests/setup_machine.sh --malloc)$${LD_PRELOAD:+ $$LD_PRELOAD}"
-# Bytecode: the install writes the .pyc files of the common imports; after that, the first process
-# that imports a module writes its .pyc (under .venv, src/ and tests/, all ignored by git), and every
-# later process reads it. PYTHONDONTWRITEBYTECODE, which CI sets, would make each of a run's ~130
-# processes compile what the install did not cover again, so these targets clear it.
+# Bytecode writing allowed (PYTHONDONTWRITEBYTECODE cleared), so a run's processes share .pyc files
 PYC = PYTHONDONTWRITEBYTECODE=
 # ruff on the code (100 columns) and on what pages show (88: examples/, the chapters' cells)
 lint: $(STAMP)
@@ -92,10 +86,7 @@ $(STAMP312): pyproject.toml
 
 venv312: $(STAMP312)
 
-# Tests, not files, go to the workers (--dist load): most of this selection is one file,
-# tests/test_te_on_cpu.py, and handed out by file one worker was busy 45 s, the other 35 s.
-# By test the leg took 33 s instead of 37 s (59 CPU s instead of 62: a program both workers
-# need is compiled by one and read from the run's cache by the other).
+# Tests, not files, go to the workers (--dist load): most of this selection is one file
 test-py312: $(STAMP312)
 	$(PYC) $(RUN_ENV) $(VENV312)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider \
 	  -n $(PYTEST_WORKERS) --dist load $(PY312_TESTS) -k "$(PY312_SELECT)"

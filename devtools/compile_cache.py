@@ -20,10 +20,9 @@ callback functions by qualified name, TE's static arguments, the mesh, the pytre
 global mesh resource, the environment those callbacks read (TE's ``NVTE_*`` and the stand-in
 kernel's ``TUTORIAL_CPU_KERNEL*``), the stand-in's state, whether its compiled kernel loaded, and
 JAX's trace context. When any part of that fingerprint is not reproducible (it contains an address,
-or
-the callback is a closure), or the program has a host callback, the program is compiled and not
-cached. Entries are written to a temporary file and renamed, so a process never reads half of
-one another process is writing.
+or the callback is a closure), or the program has a host callback, the program is compiled and not
+cached. Entries are written to a temporary file and renamed, so a process never reads half of one
+another process is writing.
 
 In a ``jax.distributed`` run on CPU (the launcher's ranks), a program over several processes is
 keyed by its devices rather than by each process's own view of the topology, and the first

@@ -16,10 +16,9 @@ shared compilation cache is hit or missed. ``make test-ledger`` answers that:
 
 Usage::
 
-    python devtools/run_ledger.py install [--site-dir DIR]
-    TUTORIAL_RUN_LEDGER=ledger.jsonl make test
-    python devtools/run_ledger.py report ledger.jsonl [--json]
-    python devtools/run_ledger.py uninstall [--site-dir DIR]
+    python devtools/run_ledger.py install [--site-dir DIR] TUTORIAL_RUN_LEDGER=ledger.jsonl make
+    test python devtools/run_ledger.py report ledger.jsonl [--json] python devtools/run_ledger.py
+    uninstall [--site-dir DIR]
 
 It measures the tutorial's own runs; nothing a reader copies uses it.
 """

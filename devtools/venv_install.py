@@ -93,9 +93,8 @@ def uv_command(
     return cmd + list(packages)
 
 
-#: Run by the venv's Python after an install: imports whose .pyc files every run needs (module
-#: docstring).
-#: A module that is not installed (another extra, no TE) is skipped.
+# : Run by the venv's Python after an install: imports whose .pyc files every run needs (module :
+# docstring). : A module that is not installed (another extra, no TE) is skipped.
 WARM_CODE = """
 import importlib
 for name in ("jax", "tutorial_utils.te_on_cpu", "flax.linen", "optax", "matplotlib.pyplot",

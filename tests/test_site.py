@@ -20,6 +20,15 @@ scroll bar or sticks out of the article, and no table cell breaks a word across 
 landing page and every chapter carry the generated run-status box (``pages.run_status``). Page
 heights go to ``test-artifacts/page-heights.json``.
 
+What a reader sees, on every page, hidden cells opened: no absolute path of the build machine
+(a checkout, home or temporary folder, an installed package's file) in prose or output, and no
+word of the project's own machinery (TCMalloc, xdist, "per call", "lent": CONTRIBUTING.md's).
+No chapter code cell is wider than its box at 1280 px (no sideways scroll); code blocks, other
+pages' code cells, cell outputs and tables that are wider are listed by two tests marked xfail
+(known, not fixed yet).
+
+``python tests/test_site.py [DIR]`` runs those page checks on a site already built in ``DIR``.
+
 Requests to other hosts are never sent. They are answered with an empty body and listed in
 ``test-artifacts/external-requests.json``. The site is self-contained (MathJax included), so
 any request to another host fails the test.
@@ -30,13 +39,16 @@ The clean-build time is then recorded as ``null``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,18 +68,10 @@ HTML = BUILD / "html"
 ARTIFACTS = ROOT / "test-artifacts"
 
 # The same command as the Makefile's `docs` target, run from the repository root.
-SPHINX_ARGS = [
-    "-m",
-    "sphinx",
-    "-b",
-    "html",
-    "-W",
-    "--keep-going",
-    "-j",
-    "1",
-    ".",
-    "_build_test/html",
-]
+# (one line: tests/test_hosting.py finds these arguments, as written, in this file)
+# fmt: off
+SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"]  # noqa: E501
+# fmt: on
 BUILD_TIMEOUT_S = 900
 UNCHANGED_REBUILD_LIMIT_S = 15.0
 
@@ -170,15 +174,24 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
-def server(built_site) -> str:
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
+@contextlib.contextmanager
+def serve(folder: Path):
+    """Serve ``folder`` on 127.0.0.1 (a free port, in a thread); yields the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="session")
+def server(built_site) -> str:
+    with serve(HTML) as url:
+        yield url
 
 
 # --------------------------------------------------------------------------- browser
@@ -197,8 +210,9 @@ def _chromium_path() -> str:
     )
 
 
-@pytest.fixture(scope="session")
-def browser(built_site):
+@contextlib.contextmanager
+def launch_browser():
+    """Headless Chromium (the system browser) driven by Playwright."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -212,9 +226,17 @@ def browser(built_site):
     except Exception:
         pw.stop()
         raise
-    yield b
-    b.close()
-    pw.stop()
+    try:
+        yield b
+    finally:
+        b.close()
+        pw.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(built_site):
+    with launch_browser() as b:
+        yield b
 
 
 # --------------------------------------------------------------------------- crawl
@@ -280,7 +302,40 @@ _LAYOUT_JS = r"""
     }
   }
   const box = document.querySelector('.cp-run-status');
-  return {pres, broken, statusBox: box ? box.innerText : null};
+  return {pres, broken, statusBox: box ? box.innerText : null, openText: article.innerText};
+}
+"""
+
+# At the same 1280 px, hidden cells open: every code block, cell output and table whose content is
+# wider than its box (scrollWidth > clientWidth: the reader must scroll sideways to read it). A
+# table is measured in the box that scrolls it (the theme wraps tables in one) or, without one, in
+# its parent. The kinds: "code cell" (a chapter's source), "code block" (a fenced block or an
+# included file on a page), "cell output" (what a cell printed or displayed, tables included) and
+# "table" (a table of the page's text).
+_WIDE_JS = r"""
+() => {
+  const article = document.querySelector('article') || document.body;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const kind = el => el.closest('.cell_input') ? 'code cell'
+    : el.closest('.cell_output') ? 'cell output'
+    : el.tagName === 'TABLE' ? 'table' : 'code block';
+  const first = el => ((el.innerText || '').trim().split('\n')[0] || '').slice(0, 70);
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const out = [];
+  for (const pre of article.querySelectorAll('pre')) {
+    out.push({kind: kind(pre), text: first(pre), scrollWidth: pre.scrollWidth,
+              clientWidth: pre.clientWidth});
+  }
+  for (const table of article.querySelectorAll('table')) {
+    let box = table.parentElement;
+    for (let el = box; el && el !== article; el = el.parentElement) {
+      if (scrolls(el)) { box = el; break; }
+    }
+    const width = Math.ceil(table.getBoundingClientRect().width);
+    out.push({kind: kind(table), text: first(table),
+              scrollWidth: Math.max(box.scrollWidth, width), clientWidth: box.clientWidth});
+  }
+  return out.filter(b => b.scrollWidth > b.clientWidth + 1);
 }
 """
 
@@ -306,6 +361,7 @@ class PageResult:
     math_rendered: int = 0
     height: int = 0
     layout: dict = field(default_factory=dict)
+    wide: list = field(default_factory=list)
 
 
 @dataclass
@@ -315,20 +371,22 @@ class Crawl:
     external_requests: list
 
 
-def _content_pages() -> list[str]:
+def _content_pages(html: Path = HTML) -> list[str]:
     pages = []
-    for path in sorted(HTML.rglob("*.html")):
-        rel = path.relative_to(HTML).as_posix()
+    for path in sorted(html.rglob("*.html")):
+        rel = path.relative_to(html).as_posix()
         if rel in SKIP_PAGES or any(part.startswith("_") for part in Path(rel).parts[:-1]):
             continue
         pages.append(rel)
     return pages
 
 
-@pytest.fixture(scope="session")
-def crawl(browser, server) -> Crawl:
-    ARTIFACTS.mkdir(exist_ok=True)
-    base_host = urlsplit(server).netloc
+def crawl_pages(browser, base: str, html: Path = HTML, artifacts: Path | None = ARTIFACTS) -> Crawl:
+    """Load every content page of ``html`` (served at ``base``) in ``browser`` at 1280 px.
+
+    With ``artifacts``, the screenshots, external requests and page heights are written there.
+    """
+    base_host = urlsplit(base).netloc
     external: list = []
 
     def route(route_obj):
@@ -340,7 +398,7 @@ def crawl(browser, server) -> Crawl:
             route_obj.fulfill(status=200, body="", content_type="application/javascript")
 
     results = {}
-    for rel in _content_pages():
+    for rel in _content_pages(html):
         # A fresh context per page: every page is checked as a first visit (empty storage).
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         context.route("**/*", route)
@@ -365,7 +423,7 @@ def crawl(browser, server) -> Crawl:
                 r.bad_responses.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None
             ),
         )
-        page.goto(f"{server}/{rel}", wait_until="load")
+        page.goto(f"{base}/{rel}", wait_until="load")
         page.wait_for_load_state("networkidle")
         res.images = page.evaluate(_IMAGES_JS)
         res.math_rendered = page.evaluate(_MATH_JS)
@@ -374,18 +432,26 @@ def crawl(browser, server) -> Crawl:
         res.text = (article or page.query_selector("body")).inner_text()
         res.height = page.evaluate(_HEIGHT_JS)
         res.layout = page.evaluate(_LAYOUT_JS)
-        if rel == "index.html":
-            page.screenshot(path=str(ARTIFACTS / "landing.png"), full_page=True)
-        elif rel == f"{CHAPTERS[0]}.html":
-            page.screenshot(path=str(ARTIFACTS / "chapter.png"), full_page=True)
+        res.wide = page.evaluate(_WIDE_JS)
+        if artifacts is not None and rel == "index.html":
+            page.screenshot(path=str(artifacts / "landing.png"), full_page=True)
+        elif artifacts is not None and rel == f"{CHAPTERS[0]}.html":
+            page.screenshot(path=str(artifacts / "chapter.png"), full_page=True)
         context.close()
         results[rel] = res
-    (ARTIFACTS / "external-requests.json").write_text(
-        json.dumps(sorted(set(external)), indent=2) + "\n"
-    )
-    heights = {rel: res.height for rel, res in results.items()}
-    (ARTIFACTS / "page-heights.json").write_text(json.dumps(heights, indent=2) + "\n")
-    return Crawl(server, results, external)
+    if artifacts is not None:
+        (artifacts / "external-requests.json").write_text(
+            json.dumps(sorted(set(external)), indent=2) + "\n"
+        )
+        heights = {rel: res.height for rel, res in results.items()}
+        (artifacts / "page-heights.json").write_text(json.dumps(heights, indent=2) + "\n")
+    return Crawl(base, results, external)
+
+
+@pytest.fixture(scope="session")
+def crawl(browser, server) -> Crawl:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return crawl_pages(browser, server)
 
 
 class _IdCollector(HTMLParser):
@@ -682,3 +748,179 @@ def test_recipes_page_shows_each_recipe_in_full_with_its_output(crawl):
     )
     for says in ("check_layout: examples/packed_batch.npz", "verdict:"):
         assert says in res.text, f"the recipes page lacks {says!r}"
+
+
+# --------------------------------------------------------------------------- what readers see
+
+# An absolute path of the machine that built the site, in what a page shows (prose or a cell's
+# output): the usual places of a checkout, a home, a temporary file, and any absolute path into
+# an installed package (a warning's file name, a traceback). A relative ``site-packages/nvidia/...``
+# in the text is the name of a folder, not this machine's path, and is not flagged.
+_STARTS = r"(?<![\w.~$-])"  # not inside a word, a relative path or a URL
+_ABSOLUTE = _STARTS + "/"
+MACHINE_PATH = re.compile(
+    _ABSOLUTE + r"(?:tmp|home|work|root)/\S*" + "|" + _ABSOLUTE + r"\S*?(?:site|dist)-packages\S*"
+)
+# ... and wherever the build's own checkout, venv and temporary folder happen to be
+_GENERIC_PREFIXES = {"/", "/usr", "/usr/local", "/opt"}
+MACHINE_PREFIXES = sorted(
+    {str(ROOT), sys.prefix, tempfile.gettempdir()} - _GENERIC_PREFIXES, key=len, reverse=True
+)
+# Words of the project's own machinery (the test run, the lent GPU machine): they belong in
+# CONTRIBUTING.md, not on a reader's page.
+CONTRIBUTOR_WORDS = re.compile(r"\b(?:(?:lib)?TCMalloc|xdist|per call|lent)\b", re.IGNORECASE)
+
+
+def _context(text: str, start: int, end: int, width: int = 50) -> str:
+    return " ".join(text[max(0, start - width) : end + width].split())
+
+
+def machine_paths(text: str) -> list[str]:
+    """The build machine's absolute paths in ``text``, each with a little context."""
+    found = [(m.start(), m.end()) for m in MACHINE_PATH.finditer(text)]
+    for prefix in MACHINE_PREFIXES:
+        found += [
+            (m.start(), m.end()) for m in re.finditer(_STARTS + re.escape(prefix) + r"\b", text)
+        ]
+    spans: dict = {}  # one report per place, however many patterns match there: the longest
+    for start, end in found:
+        spans[start] = max(end, spans.get(start, end))
+    return [f"{text[s:e]!r} in: ...{_context(text, s, e)}..." for s, e in sorted(spans.items())]
+
+
+def contributor_words(text: str) -> list[str]:
+    """Contributor words in ``text`` (a reader's page), each with a little context."""
+    return [
+        f"{m.group(0)!r} in: ...{_context(text, m.start(), m.end())}..."
+        for m in CONTRIBUTOR_WORDS.finditer(text)
+    ]
+
+
+def _shown_text(res: PageResult) -> str:
+    """What the page shows, hidden cells opened (a reader opens them with one click)."""
+    return res.layout.get("openText") or res.text
+
+
+def path_problems(pages: dict) -> dict:
+    found = {rel: machine_paths(_shown_text(res)) for rel, res in pages.items()}
+    return {rel: items for rel, items in found.items() if items}
+
+
+def word_problems(pages: dict) -> dict:
+    found = {rel: contributor_words(_shown_text(res)) for rel, res in pages.items()}
+    return {rel: items for rel, items in found.items() if items}
+
+
+def wide_boxes(pages: dict, select) -> dict:
+    """Per page, the boxes wider than they show at 1280 px (``_WIDE_JS``) for which
+    ``select(page, box)`` holds."""
+    found = {
+        rel: [
+            f"{b['kind']} {b['text']!r}: scrollWidth {b['scrollWidth']} > clientWidth"
+            f" {b['clientWidth']}"
+            for b in res.wide
+            if select(rel, b)
+        ]
+        for rel, res in pages.items()
+    }
+    return {rel: items for rel, items in found.items() if items}
+
+
+def _chapter_code(rel: str, box: dict) -> bool:
+    """A chapter's code cell: formatted at 88 columns (make lint), it must fit."""
+    return box["kind"] == "code cell" and rel[: -len(".html")] in CHAPTERS
+
+
+def _other_code(rel: str, box: dict) -> bool:
+    """Code blocks on any page, and the code cells of pages that are not chapters."""
+    return box["kind"] in ("code cell", "code block") and not _chapter_code(rel, box)
+
+
+def _output_or_table(rel: str, box: dict) -> bool:
+    return box["kind"] in ("cell output", "table")
+
+
+def test_no_machine_path_on_any_page(crawl):
+    """No page shows where it was built: no checkout, home, temporary or site-packages path (a
+    warning printed by a library names its file; filter it where it arises, in the chapter)."""
+    problems = path_problems(crawl.pages)
+    assert crawl.pages and not problems, (
+        "absolute paths of the build machine on reader pages:\n" + _format(problems)
+    )
+
+
+def test_no_contributor_words_on_reader_pages(crawl):
+    """The test run's settings and the lent GPU machine are CONTRIBUTING.md's, not the site's."""
+    problems = word_problems(crawl.pages)
+    assert crawl.pages and not problems, (
+        "contributor words on reader pages (move the passage to CONTRIBUTING.md):\n"
+        + _format(problems)
+    )
+
+
+def test_chapter_code_cells_fit_their_box_at_1280px(crawl):
+    """A chapter's code cells (at most 88 columns) never scroll sideways."""
+    problems = wide_boxes(crawl.pages, _chapter_code)
+    assert crawl.pages and not problems, (
+        "chapter code cells wider than their box at 1280 px:\n" + _format(problems)
+    )
+
+
+# KNOWN, NOT FIXED YET (the next two tests are expected to fail and list every offender): at
+# 1280 px some boxes are wider than the text column and scroll sideways (they never clip:
+# test_no_code_box_clips_a_line_at_1280px). Code blocks on the guides (fenced commands with long
+# comments, the recipes' 88-column files at the code blocks' larger font) and the docs pages'
+# own code cells; and cell outputs (long result lines, printed tables) and wide tables. When one
+# of these passes, remove its mark.
+@pytest.mark.xfail(
+    reason="known: code blocks and non-chapter code cells wider than their box at 1280 px",
+    strict=False,
+)
+def test_no_other_code_is_wider_than_its_box_at_1280px(crawl):
+    problems = wide_boxes(crawl.pages, _other_code)
+    assert crawl.pages and not problems, (
+        "code blocks and non-chapter code cells wider than their box at 1280 px:\n"
+        + _format(problems)
+    )
+
+
+@pytest.mark.xfail(
+    reason="known: cell outputs and tables wider than their box at 1280 px",
+    strict=False,
+)
+def test_no_output_or_table_is_wider_than_its_box_at_1280px(crawl):
+    problems = wide_boxes(crawl.pages, _output_or_table)
+    assert crawl.pages and not problems, (
+        "cell outputs and tables wider than their box at 1280 px:\n" + _format(problems)
+    )
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/test_site.py [HTML_DIR]``: the reader-facing checks above on a site already
+    built (default ``_build_test/html``), without building it again. Exit status 1 on any
+    problem of the first three; the known width problems are listed but do not count."""
+    html = Path(argv[0]).resolve() if argv else HTML
+    with serve(html) as base, launch_browser() as b:
+        pages = crawl_pages(b, base, html, artifacts=None).pages
+    checks = [
+        ("machine paths", path_problems(pages), True),
+        ("contributor words", word_problems(pages), True),
+        ("chapter code cells wider than their box", wide_boxes(pages, _chapter_code), True),
+        ("other code wider than its box (known)", wide_boxes(pages, _other_code), False),
+        (
+            "outputs and tables wider than their box (known)",
+            wide_boxes(pages, _output_or_table),
+            False,
+        ),
+    ]
+    failed = False
+    for name, problems, counts in checks:
+        print(f"== {name}: {'FAIL' if problems else 'ok'} ({len(pages)} pages)")
+        if problems:
+            print(_format(problems))
+        failed |= counts and bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -871,7 +871,7 @@ def build_command(
     src: Path,
     dest: Path,
     jobs: int,
-    python: str = sys.executable,
+    python: str | None = None,
     cuda_archs: str = "90",
     sites: Sequence[str] | None = None,
     build_env: Path | None = None,
@@ -888,6 +888,7 @@ def build_command(
     a git checkout, TE would otherwise version the wheel ``2.20.2+<commit>``, and its import
     asserts that all its packages share one version.
     """
+    python = sys.executable if python is None else python  # this Python, at call time
     env = dict(os.environ if env is None else env)
     env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(
         dict.fromkeys(
@@ -945,7 +946,7 @@ def build_extension(
     directory: Path,
     *,
     jobs: int | None = None,
-    python: str = sys.executable,
+    python: str | None = None,
     cuda_archs: str = "90",
     out: Path | None = None,
     dry_run: bool = False,
@@ -960,6 +961,7 @@ def build_extension(
     Raises:
         SystemExit: the build failed, or left no wheel, or a wheel of another version.
     """
+    python = sys.executable if python is None else python  # this Python, at call time
     directory = Path(directory).resolve()  # the build runs in the unpacked sdist's folder
     sdists = [
         directory / e["name"] for e in _entries(directory, "te") if e["name"].endswith(".tar.gz")
@@ -1062,12 +1064,13 @@ def _installed(project: str) -> str | None:
         return None
 
 
-def install_commands(directory: Path, python: str = sys.executable) -> list[list[str]]:
+def install_commands(directory: Path, python: str | None = None) -> list[list[str]]:
     """The offline install, ``--no-index --no-deps``: TE's three packages (the core wheel, the
     Python
     wheel and the built extension) always; a runtime wheel only when its project is not installed
     yet; a library wheel only when TE's loader would not find that library (:func:`te_library`).
     This package is not installed: ``PYTHONPATH=src`` serves it."""
+    python = sys.executable if python is None else python  # this Python, at call time
     directory = Path(directory)
     built = sorted((directory / BUILT).glob("transformer_engine_jax-*.whl"))
     if len(built) != 1:
@@ -1102,10 +1105,11 @@ def install_commands(directory: Path, python: str = sys.executable) -> list[list
 
 
 def install(
-    directory: Path, *, dry_run: bool = False, python: str = sys.executable
+    directory: Path, *, dry_run: bool = False, python: str | None = None
 ) -> list[list[str]]:
     """Install the bundle offline (:func:`install_commands`); with ``dry_run``, only print the
     commands."""
+    python = sys.executable if python is None else python  # this Python, at call time
     commands = install_commands(directory, python)
     for cmd in commands:
         print("+", _shell(cmd), flush=True)
@@ -1182,13 +1186,14 @@ STOPPING = ("preflight", "verify", "build", "install", "gate")
 
 
 def run_commands(
-    bundle_dir: Path, out: Path, python: str = sys.executable, steps: Sequence[str] | None = None
+    bundle_dir: Path, out: Path, python: str | None = None, steps: Sequence[str] | None = None
 ) -> list[tuple[str, int, list[str]]]:
     """``(name, seconds, command)`` of ``steps`` (all of :data:`STEP_SECONDS` when ``None``).
 
     Every command can run again in the same tree: the build is kept, and ``--force``
     replaces the previous check report and records.
     """
+    python = sys.executable if python is None else python  # this Python, at call time
     bundle_dir, out = Path(bundle_dir), Path(out)
     me = [python, "-m", "tutorial_utils.cli.gpu_setup"]
     bench = [
@@ -1280,7 +1285,7 @@ def run(
     out: Path,
     *,
     dry_run: bool = False,
-    python: str = sys.executable,
+    python: str | None = None,
     steps: list[tuple[str, int, list[str]]] | None = None,
     log_name: str = "run",
 ) -> dict:
@@ -1292,6 +1297,7 @@ def run(
     preflight, verify, build, install or import gate stops the run; the benchmarks and the check
     run with ``TUTORIAL_TE_BACKEND=te``, so they fail rather than fall back to the reference.
     """
+    python = sys.executable if python is None else python  # this Python, at call time
     out, bundle_dir = Path(out), Path(bundle_dir)
     steps = run_commands(bundle_dir, out, python) if steps is None else steps
     summary = {"limit_s": sum(limit for _, limit, _ in steps), "steps": []}
