@@ -7,7 +7,7 @@
 #   downloads browsers.
 # * TCMalloc (Debian's libtcmalloc-minimal4). The run preloads it into every process: XLA's
 #   compiles allocate heavily, and under TCMalloc the suite's processes use about a tenth less
-#   CPU than under glibc's malloc (docs/installation.md gives the figures). It changes no result.
+#   CPU than under glibc's malloc (CONTRIBUTING.md gives the figures). It changes no result.
 #   Without root or apt-get the run goes on with glibc's malloc.
 #
 # `bash tests/setup_machine.sh --malloc` only prints the TCMalloc library to preload (nothing

@@ -362,7 +362,14 @@ def cudnn_version(found: tuple[str, Path] | None = None) -> tuple[tuple[int, int
     return _decode(int(fn())), str(lib)
 
 
-_LOOK = object()
+class _LookUp:
+    """The default of :func:`check_cudnn`'s ``found``: look the runtime up."""
+
+    def __repr__(self) -> str:
+        return "<looked up>"
+
+
+_LOOK = _LookUp()
 
 
 def check_cudnn(found=_LOOK, minimum: tuple[int, int, int] = MIN_CUDNN) -> str:
