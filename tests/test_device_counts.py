@@ -72,7 +72,7 @@ _CI = [("04_striped_load_balancing", 1), ("05a_cp_algorithms", 8), ("05b_te_cp_r
 )
 def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
     text = _run(devices, chapter, tmp_path)
-    assert f"devices: {devices} x cpu" in text and f"| cp: {devices} |" in text
+    assert f"Devices: {devices} x cpu" in text and f"| cp: {devices} |" in text
     assert "TransformerEngine 2.20.2 (its JAX code; CPU reference kernel in place of cuDNN)" in text
     if devices == 1:
         assert "Only one device, so CP size 1" in text

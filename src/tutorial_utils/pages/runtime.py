@@ -60,12 +60,20 @@ def _devices_summary():
 
 
 def backend_line(workload=None) -> str:
-    """``Backend: ... | devices: ... | preset: ...``: print it at the top of every notebook."""
+    """``Backend: ...`` and ``Devices: ... | preset: ...``: print it at the top of every notebook.
+
+    Args:
+        workload: the page's workload, whose CP size and preset are added when given.
+
+    Returns:
+        Two lines (three with one device, which says why there is no CP).
+    """
     from tutorial_utils import te
 
     platform_name, count, kinds = _devices_summary()
     simulated = " (simulated host devices)" if platform_name == "cpu" and count > 1 else ""
-    line = f"Backend: {te.backend_name()} | devices: {count} x {platform_name} [{kinds}]{simulated}"
+    # two short lines, so that neither is wider than a page's output box
+    line = f"Backend: {te.backend_name()}\nDevices: {count} x {platform_name} [{kinds}]{simulated}"
     if workload is not None:
         line += f" | cp: {workload.cp_size} | preset: {workload.name}"
         if workload.cp_size == 1:
