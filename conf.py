@@ -6,8 +6,7 @@ narrative pages live in ``docs/`` and the chapters are the jupytext MyST noteboo
 
 Notebooks are executed by myst-nb in ``cache`` mode: jupyter-cache (in
 ``_build/.jupyter_cache-<preset>-<backend>-<cpu|gpu>``) re-runs a notebook only when its code cells
-change, so a clean
-build executes every chapter and an unchanged rebuild re-executes nothing.
+change, so a clean build executes every chapter and an unchanged rebuild re-executes nothing.
 """
 
 from __future__ import annotations
@@ -128,6 +127,7 @@ API_MODULE_ORDER = [
     "te.sharding",
     "reorder",
     "validation",
+    "rules",
     "inputs",
     "reference",
     "context_parallel",

@@ -312,7 +312,7 @@ def test_allgather_rejects_aligned_slots_whose_padding_restarts_at_zero():
             np.ones((1, 4), np.int32),
             np.arange(4)[None],
             {"max_segments_per_seq": 0},
-            r"max_segments_per_seq must be a positive int, got 0",
+            r"max_segments_per_seq=0 must be a positive int",
         ),
         (
             np.ones((1, 12), np.int32),
@@ -515,7 +515,7 @@ STATIC = dict(
         (dict(stripe_size=None), r"stripe_size=None with THD AllGather context parallelism"),
         (
             dict(context_parallel_causal_load_balanced=False),
-            r"context_parallel_causal_load_balanced=False with a THD layout",
+            r"context_parallel_causal_load_balanced=False with THD AllGather",
         ),
         (
             dict(attn_bias_type=AttnBiasType.POST_SCALE_BIAS),

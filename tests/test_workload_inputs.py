@@ -88,7 +88,7 @@ def test_replace_and_overrides_revalidate():
     assert wl.batch == 1 and wl.window == (16, 0) and PRESETS["tiny"].batch == 2
     assert wl.replace(dtype="bfloat16").dtype == "bfloat16"
     with pytest.raises(
-        ValueError, match=r"Workload.num_q_heads=8 is not divisible by num_kv_heads=3"
+        ValueError, match=r"Workload.num_kv_heads=3 does not divide Workload.num_q_heads=8"
     ):
         wl.replace(num_kv_heads=3)
 
@@ -122,7 +122,7 @@ BASE = dict(
         (dict(batch=True), r"Workload.batch must be a positive integer, got batch=True"),
         (dict(head_dim=16.0), r"Workload.head_dim must be a positive integer, got head_dim=16.0"),
         (dict(cp_size=-4), r"Workload.cp_size must be a positive integer, got cp_size=-4"),
-        (dict(num_kv_heads=3), r"Workload.num_q_heads=8 is not divisible by num_kv_heads=3"),
+        (dict(num_kv_heads=3), r"Workload.num_kv_heads=3 does not divide Workload.num_q_heads=8"),
         (dict(segments_per_row=3), r"Workload.seq_len=256 is not divisible by segments_per_row=3"),
         (dict(valid_per_slot=65), r"Workload.valid_per_slot=65 exceeds the slot length 64"),
         (dict(window=(8, 0, 0)), r"Workload.window=\(8, 0, 0\) is not a \(left, right\) pair"),

@@ -31,15 +31,13 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from . import rules
 from .reference import MaskSpec, blockwise_attention
 from .reorder import ReorderStrategy, load_balancing_permutation
-from .validation import (
-    check_divisible_seq,
-    check_qkv,
-    check_scaling_factor,
-    check_ulysses_heads,
-    check_window,
-)
+
+# re-exported: the strategy names and their normaliser live in tutorial_utils.rules
+from .rules import STRATEGIES, normalize_strategy
+from .validation import check_qkv, check_scaling_factor, check_window
 
 __all__ = [
     "STRATEGIES",
@@ -50,28 +48,6 @@ __all__ = [
     "merge_partial",
     "normalize_strategy",
 ]
-
-STRATEGIES = ("allgather", "ring", "ulysses")
-
-
-def normalize_strategy(strategy) -> str:
-    """Map ``CPStrategy`` members and spellings like ``'ALL_GATHER'`` to
-    ``allgather|ring|ulysses``."""
-    name = str(getattr(strategy, "name", strategy)).lower().replace("_", "").replace("-", "")
-    table = {
-        "default": "allgather",
-        "allgather": "allgather",
-        "ring": "ring",
-        "ulysses": "ulysses",
-        "alltoall": "ulysses",
-        "a2a": "ulysses",
-    }
-    if name not in table:
-        raise ValueError(
-            f"strategy={strategy!r} is unknown; use one of {STRATEGIES} "
-            "(or CPStrategy.ALL_GATHER / CPStrategy.RING)."
-        )
-    return table[name]
 
 
 def merge_partial(out, lse, out_s, lse_s):
@@ -246,39 +222,18 @@ def context_parallel_attention(
             "self-attention shards one "
             "sequence axis, so q, k and v need the same length."
         )
-    if stripe_size is not None and (
-        isinstance(stripe_size, bool) or not isinstance(stripe_size, int) or stripe_size < 1
-    ):
-        raise ValueError(
-            f"stripe_size={stripe_size!r} must be a positive int (or None for 1), "
-            "the stripe used "
-            "with reorder_causal_load_balancing."
-        )
-    st = 1 if stripe_size is None else stripe_size
-    check_divisible_seq(
-        s,
-        cp,
-        st if (load_balanced and reorder_strategy == ReorderStrategy.Striped) else 1,
-        name="q.shape[1]",
-    )
+    st = rules.check_stripe_size(stripe_size)
+    striped = load_balanced and reorder_strategy == ReorderStrategy.Striped
+    rules.check_divisible_seq(s, cp, st if striped else 1, name="q.shape[1]")
     if segment_ids.shape != (b, s) or segment_pos.shape != (b, s):
         raise ValueError(
             f"segment_ids/segment_pos must have shape {(b, s)} (batch, seq), got "
             f"{segment_ids.shape}/{segment_pos.shape}."
         )
-    if (
-        strat == "ring"
-        and load_balanced
-        and reorder_strategy == ReorderStrategy.Striped
-        and st != 1
-    ):
-        raise ValueError(
-            f"stripe_size={stripe_size} with strategy='ring': Ring attention on THD "
-            "inputs requires stripe_size=1 "
-            "(as in TE); use stripe_size=1 or strategy='allgather'."
-        )
+    if strat == "ring" and cp > 1 and striped:
+        rules.check_ring_stripe(st)  # TE's rule, kept so a reference run is a TE-valid run
     if strat == "ulysses":
-        check_ulysses_heads(hq, hkv, cp)
+        rules.check_ulysses_heads(hq, hkv, cp)
     scale = q.shape[-1] ** -0.5 if scaling_factor is None else check_scaling_factor(scaling_factor)
     spec = MaskSpec(padding=padding, causal=causal, window=window)
     kern = kernel or _default_kernel(spec, scale, block_q, block_kv)

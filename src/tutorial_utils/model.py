@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from . import rules
 from .te.attention import (
     AttnBiasType,
     AttnMaskType,
@@ -75,17 +76,12 @@ class ModelConfig:
             "num_kv_heads",
             "head_dim",
             "mlp_dim",
-            "max_segments_per_seq",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int.")
-        if self.num_q_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_kv_heads={self.num_kv_heads} does not divide num_q_heads="
-                f"{self.num_q_heads}; GQA shares each KV head among a whole group of "
-                "query heads, so pick a divisor."
-            )
+        rules.check_max_segments(self.max_segments_per_seq)
+        rules.check_gqa_heads(self.num_q_heads, self.num_kv_heads)
         if self.head_dim % 2:
             raise ValueError(
                 f"head_dim={self.head_dim} is odd; RoPE rotates pairs of "
@@ -126,17 +122,13 @@ class AttentionSharding:
                 f"strategy={self.strategy!r} must be a CPStrategy from "
                 "tutorial_utils.te.attention, or None for no CP."
             )
-        if self.strategy is not None and self.stripe_size is None:
-            raise ValueError(
-                "stripe_size=None with a CP strategy: pass the stripe the "
-                "batch was reordered with (Ring needs 1)."
-            )
-        if self.strategy == CPStrategy.RING and self.stripe_size != 1:
-            raise ValueError(
-                f"stripe_size={self.stripe_size} with CPStrategy.RING: "
-                "TE's THD ring needs stripe_size=1; use 1 or "
-                "CPStrategy.ALL_GATHER."
-            )
+        if self.strategy is None:
+            return
+        # the model always runs THD: Ring too is given its stripe explicitly (TE's Ring takes 1)
+        rules.check_stripe_given(self.stripe_size, label="a CP strategy")
+        rules.check_stripe_size(self.stripe_size)
+        if self.strategy == CPStrategy.RING:
+            rules.check_ring_stripe(self.stripe_size, label="CPStrategy.RING")
 
     def fused_attn_kwargs(self) -> dict:
         if self.strategy is None:

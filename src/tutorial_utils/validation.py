@@ -18,8 +18,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from . import rules
 from .reorder import ReorderStrategy
 from .reorder import inverse_reorder_causal_load_balancing as undo
+
+# re-exported under their old names; each rule's one home is tutorial_utils.rules
+from .rules import check_divisible_seq, check_gqa_heads, check_ulysses_heads
 
 __all__ = [
     "check_window",
@@ -58,16 +62,6 @@ def check_window(window, name: str = "window_size") -> tuple[int, int]:
                 " (TE's kernel only recognises exactly -1) or a bound >= 0."
             )
     return (int(left), int(right))
-
-
-def check_gqa_heads(num_q_heads: int, num_kv_heads: int, name: str = "num_kv_heads") -> int:
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"{name}={num_kv_heads} does not divide num_q_heads={num_q_heads}; GQA maps query head"
-            " h to KV head h // (num_q_heads/num_kv_heads), so pick a KV head count that divides"
-            f" {num_q_heads}."
-        )
-    return num_q_heads // num_kv_heads
 
 
 def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
@@ -201,38 +195,6 @@ def check_seqlens_offsets(seqlens, offsets, seq_len: int, name: str = "q") -> No
             end = start + length
 
 
-def check_divisible_seq(
-    seq_len: int, cp_size: int, stripe_size: int = 1, name: str = "seq_len"
-) -> None:
-    if seq_len % (cp_size * stripe_size):
-        raise ValueError(
-            f"{name}={seq_len} is not divisible by"
-            f" cp_size*stripe_size={cp_size}*{stripe_size}={cp_size * stripe_size}; pad each row to"
-            f" a multiple of {cp_size * stripe_size} tokens (padding has segment id 0) or choose a"
-            " smaller stripe_size."
-        )
-
-
-def _strategy_name(strategy) -> str | None:
-    if strategy is None:
-        return None
-    name = getattr(strategy, "name", strategy)
-    name = str(name).lower().replace("_", "").replace("-", "")
-    aliases = {
-        "default": "allgather",
-        "allgather": "allgather",
-        "ring": "ring",
-        "ulysses": "ulysses",
-        "alltoall": "ulysses",
-    }
-    if name not in aliases:
-        raise ValueError(
-            f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses' (or a"
-            " CPStrategy)."
-        )
-    return aliases[name]
-
-
 def first_violation(
     segment_ids,
     segment_pos,
@@ -314,10 +276,7 @@ def validate_packed_inputs(
             f"segment_ids/segment_pos must be integer arrays, got {ids.dtype}/{pos.dtype}; cast"
             " with .astype(jnp.int32)."
         )
-    if not isinstance(max_segments_per_seq, (int, np.integer)) or max_segments_per_seq < 1:
-        raise ValueError(
-            f"max_segments_per_seq must be a positive int, got {max_segments_per_seq!r}."
-        )
+    rules.check_max_segments(max_segments_per_seq)
     if (ids < 0).any():
         b, t = np.argwhere(ids < 0)[0]
         raise ValueError(
@@ -325,10 +284,8 @@ def validate_packed_inputs(
             " segments."
         )
     window = check_window(window_size)
-    strat = _strategy_name(strategy)
-    st = 1 if stripe_size is None else stripe_size
-    if not isinstance(st, (int, np.integer)) or st < 1:
-        raise ValueError(f"stripe_size={stripe_size!r} must be a positive int (or None for 1).")
+    strat = rules.normalize_strategy(strategy, allow_none=True)
+    st = rules.check_stripe_size(stripe_size)
     batch, seq = ids.shape
     if cp_size > 1:
         check_divisible_seq(seq, cp_size, st, name="segment_ids.shape[1]")
@@ -341,12 +298,8 @@ def validate_packed_inputs(
         present = row_ids[valid]
         top = int(present.max())
         # AllGather raises the limit to seq/(cp*stripe) + max_segments_per_seq; its check is below
-        if top > max_segments_per_seq and not (strat == "allgather" and cp_size > 1):
-            raise ValueError(
-                f"segment_ids row {b} uses id {top} > max_segments_per_seq={max_segments_per_seq};"
-                " TE drops such tokens silently (treats them as padding). Pass"
-                f" max_segments_per_seq>={top}."
-            )
+        if not (strat == "allgather" and cp_size > 1):
+            rules.check_segment_ids_within(top, max_segments_per_seq, row=b)
         # order of first appearance must be 1, 2, 3, ... with no gaps
         _, first_idx = np.unique(present, return_index=True)
         order = present[np.sort(first_idx)]
@@ -384,42 +337,12 @@ def validate_packed_inputs(
             max_segments_per_seq=max_segments_per_seq,
             window_size=window_size,
         )
-        if where is not None:
-            raise ValueError(
-                f"segment_ids/segment_pos with strategy='allgather', cp_size={cp_size},"
-                f" stripe_size={st}: {where}. Each rank finds its run starts twice, from"
-                " id/position changes among valid tokens and from position jumps among all local"
-                " tokens (padding included); here the two disagree, e.g. because the token before"
-                " a run start has the run's first position minus 1. Fix: start every segment slot"
-                " (segment plus its padding) at a multiple of"
-                f" cp_size*stripe_size={cp_size * st} and let padding positions keep counting from"
-                " the segment, or use strategy='ring' with stripe_size=1."
-            )
+        rules.check_allgather_layout(where, cp_size=cp_size, stripe_size=st)
     if strat == "ring" and cp_size > 1:
-        if st != 1:
-            raise ValueError(
-                f"stripe_size={stripe_size} with strategy='ring': TE's THD ring attention only"
-                " supports stripe_size=1 (larger stripes give wrong masks without an error). Use"
-                " stripe_size=1 for Ring, or AllGather for larger stripes."
-            )
-        if window[0] != -1 and window[0] < cp_size - 1:
-            raise ValueError(
-                f"window_size={window} with strategy='ring' and cp_size={cp_size}: Ring + sliding"
-                f" window needs left >= cp_size-1 = {cp_size - 1} (cuDNN cannot express the empty"
-                " band). Widen the window or use AllGather."
-            )
+        rules.check_ring_stripe(st)
+        rules.check_ring_window(window, cp_size)
     if strat == "ulysses" and cp_size > 1 and num_q_heads is not None:
         check_ulysses_heads(num_q_heads, num_kv_heads or num_q_heads, cp_size)
-
-
-def check_ulysses_heads(num_q_heads: int, num_kv_heads: int, cp_size: int) -> None:
-    for name, heads in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads)):
-        if heads % cp_size:
-            raise ValueError(
-                f"{name}={heads} is not divisible by cp_size={cp_size}: Ulysses all-to-all gives"
-                f" each rank {name}/cp_size whole heads. Use Ring or AllGather, or a cp_size that"
-                f" divides {heads}."
-            )
 
 
 # ----------------------------------------------------------------------------- AllGather: TE's per-

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tutorial_utils import rules
 from tutorial_utils.cli.argtypes import nonneg_int, positive_float, positive_int
 
 __all__ = [
@@ -113,7 +114,6 @@ def rank_subproblems(
     (:func:`tutorial_utils.reorder.rank_token_indices`).
     """
     from tutorial_utils.reorder import ReorderStrategy, rank_token_indices
-    from tutorial_utils.validation import check_divisible_seq, check_ulysses_heads
 
     if strategy not in STRATEGY_CHOICES:
         raise ValueError(f"strategy={strategy!r} is unknown; use one of {STRATEGY_CHOICES}.")
@@ -125,7 +125,7 @@ def rank_subproblems(
     if strategy == "ulysses":
         if num_q_heads is None or num_kv_heads is None:
             raise ValueError("Ulysses sub-problems need num_q_heads and num_kv_heads.")
-        check_ulysses_heads(num_q_heads, num_kv_heads, cp_size)
+        rules.check_ulysses_heads(num_q_heads, num_kv_heads, cp_size)
         hq, hk = num_q_heads // cp_size, num_kv_heads // cp_size
         return [
             SubProblem(
@@ -139,14 +139,12 @@ def rank_subproblems(
             )
             for r in range(cp_size)
         ]
-    check_divisible_seq(seq_len, cp_size, stripe_size, name="seq_len")
+    rules.check_divisible_seq(seq_len, cp_size, stripe_size, name="seq_len")
     owned = rank_token_indices(seq_len, ReorderStrategy.Striped, cp_size, stripe_size)
     if strategy == "allgather":
         return [SubProblem("allgather", r, 0, owned[r], everything) for r in range(cp_size)]
-    if stripe_size != 1:
-        raise ValueError(
-            f"stripe_size={stripe_size} with strategy='ring': TE's THD ring needs stripe_size=1."
-        )
+    if cp_size > 1:
+        rules.check_ring_stripe(stripe_size)
     return [
         SubProblem("ring", r, t, owned[r], owned[(r - t) % cp_size])
         for r in range(cp_size)
@@ -593,14 +591,12 @@ def _int_list(minimum: int):
 def _strategy_list(text: str) -> list[str]:
     out = []
     for part in text.split(","):
-        name = part.strip().lower().replace("-", "").replace("_", "")
-        name = {
-            "allgather": "allgather",
-            "ag": "allgather",
-            "ring": "ring",
-            "ulysses": "ulysses",
-            "single": "single",
-        }.get(name, name)
+        name = {"single": "single", "ag": "allgather"}.get(part.strip().lower())
+        if name is None:  # TE's names and their spellings: the one normaliser
+            try:
+                name = rules.normalize_strategy(part.strip())
+            except ValueError:
+                pass
         if name not in STRATEGY_CHOICES:
             raise argparse.ArgumentTypeError(
                 f"unknown strategy {part.strip()!r}; choose from {','.join(STRATEGY_CHOICES)}"
@@ -825,7 +821,6 @@ def _resolve(args, parser):
     the option."""
     from tutorial_utils.pages.runtime import gpu_present
     from tutorial_utils.perfmodel.workload import fit_cp_to_devices, get_workload
-    from tutorial_utils.validation import check_ulysses_heads
 
     preset = (
         args.preset or os.environ.get("CP_TUTORIAL_PRESET") or ("seed" if gpu_present() else "cpu")
@@ -851,32 +846,32 @@ def _resolve(args, parser):
             "--cp",
             f"--cp {args.cp} contradicts --emulate-ranks {args.emulate_ranks}; give one of them",
         )
-    if wl.seq_len % cp:
-        _fail(
-            parser,
-            "--emulate-ranks" if args.emulate_ranks else "--cp",
-            f"cp size {cp} does not divide the preset's seq_len={wl.seq_len}",
-        )
+    cp_option = "--emulate-ranks" if args.emulate_ranks else "--cp"
+    why = rules.reason(rules.check_divisible_seq, wl.seq_len, cp, None, cp_name=cp_option)
+    if why:
+        _fail(parser, cp_option, f"preset {preset!r}: {why}")
+
+    def stripe_fits(s):
+        return not rules.reason(rules.check_divisible_seq, wl.seq_len, cp, s)
+
     try:
         wl = wl.replace(
-            cp_size=cp, stripe_size=wl.stripe_size if wl.seq_len % (cp * wl.stripe_size) == 0 else 1
+            cp_size=cp, stripe_size=wl.stripe_size if stripe_fits(wl.stripe_size) else 1
         )
     except ValueError as err:
-        _fail(parser, "--emulate-ranks" if args.emulate_ranks else "--cp", str(err))
+        _fail(parser, cp_option, str(err))
     explicit_stripes = args.stripes is not None
     stripes = (
         list(args.stripes)
         if explicit_stripes
-        else sorted({s for s in DEFAULT_STRIPES if wl.seq_len % (cp * s) == 0} | {wl.stripe_size})
+        else sorted({s for s in DEFAULT_STRIPES if stripe_fits(s)} | {wl.stripe_size})
     )
     for s in stripes:
-        if wl.seq_len % (cp * s):
-            _fail(
-                parser,
-                "--stripes",
-                f"stripe {s}: seq_len={wl.seq_len} of preset {preset!r} is not divisible by "
-                f"cp*stripe={cp}*{s}; use a stripe dividing {wl.seq_len // cp}",
-            )
+        why = rules.reason(
+            rules.check_divisible_seq, wl.seq_len, cp, s, cp_name="cp", stripe_name="stripe"
+        )
+        if why:
+            _fail(parser, "--stripes", f"stripe {s}: {why}")
     windows = (
         list(args.windows) if args.windows is not None else sorted({wl.window[0], -1}, reverse=True)
     )
@@ -887,28 +882,17 @@ def _resolve(args, parser):
             if strategy == "single":
                 cases.append(_Case("single", None, window))
             elif strategy == "ring":
-                if cp > 1 and 0 <= left < cp - 1:
-                    skipped.append(
-                        {
-                            "strategy": "ring",
-                            "window": list(window),
-                            "reason": (
-                                f"Ring + window left {left} < cp-1={cp - 1} is not supported by TE"
-                                " (wrong results)"
-                            ),
-                        }
-                    )
+                why = rules.reason(rules.check_ring_window, window, cp)
+                if why:
+                    skipped.append({"strategy": "ring", "window": list(window), "reason": why})
                 else:
                     cases.append(_Case("ring", 1, window))
             elif strategy == "allgather":
                 cases.extend(_Case("allgather", s, window) for s in stripes)
             else:
-                try:
-                    check_ulysses_heads(wl.num_q_heads, wl.num_kv_heads, cp)
-                except ValueError as err:
-                    skipped.append(
-                        {"strategy": "ulysses", "window": list(window), "reason": str(err)}
-                    )
+                why = rules.reason(rules.check_ulysses_heads, wl.num_q_heads, wl.num_kv_heads, cp)
+                if why:
+                    skipped.append({"strategy": "ulysses", "window": list(window), "reason": why})
                 else:
                     cases.append(_Case("ulysses", 1, window))
     if not cases:

@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from tutorial_utils import rules
+
 __all__ = [
     "Report",
     "load_batches",
@@ -210,11 +212,16 @@ def load_batches(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
 # ----------------------------------------------------------------------------- the three programs
 
 
-def _check_args(cp, strategy, stripe, window, max_segments, head_dim):
+def _check_args(cp, strategy, stripe, window, max_segments, head_dim) -> str:
+    """Refuse bad arguments, naming the option; returns the strategy's canonical name."""
     for name, value in (("cp", cp), ("stripe", stripe), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"--{name.replace('_', '-')}={value!r} must be a positive int.")
-    if strategy not in STRATEGIES:
+    try:
+        canonical = rules.normalize_strategy(strategy)
+    except ValueError:
+        canonical = None
+    if canonical not in STRATEGIES:
         raise ValueError(
             f"--strategy={strategy!r} is not one of {STRATEGIES} (TE's THD CP strategies)."
         )
@@ -223,12 +230,9 @@ def _check_args(cp, strategy, stripe, window, max_segments, head_dim):
             f"--window={window!r} must be an int >= 0: the left side of a causal sliding window "
             "(window_size=(L, 0)); leave it out for full causal attention."
         )
-    if max_segments is not None and (
-        not isinstance(max_segments, (int, np.integer)) or max_segments < 1
-    ):
-        raise ValueError(
-            f"--max-segments={max_segments!r} must be a positive int (your max_segments_per_seq)."
-        )
+    if max_segments is not None:
+        rules.check_max_segments(max_segments, name="--max-segments")
+    return canonical
 
 
 def _te():
@@ -416,11 +420,11 @@ def check(
     import jax
     import jax.numpy as jnp
 
-    from tutorial_utils.validation import check_divisible_seq, first_violation
+    from tutorial_utils.validation import first_violation
 
     t0 = time.perf_counter()
     step = progress or (lambda _stage: None)
-    _check_args(cp, strategy, stripe, window, max_segments, head_dim)
+    strategy = _check_args(cp, strategy, stripe, window, max_segments, head_dim)
     ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
     if (
         ids.ndim != 2
@@ -433,7 +437,7 @@ def check(
         )
     ids, pos = ids.astype(np.int32), pos.astype(np.int32)
     batch, seq = ids.shape
-    check_divisible_seq(seq, cp, stripe, name="seq (segment_ids.shape[1])")
+    rules.check_divisible_seq(seq, cp, stripe, name="seq (segment_ids.shape[1])")
     if len(jax.devices()) < cp:
         raise ValueError(
             f"--cp={cp} needs {cp} JAX devices, this process has {len(jax.devices())}; run "

@@ -32,6 +32,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from tutorial_utils import rules
 from tutorial_utils.perfmodel.costmodel import (
     CP_LOSS_FORMS,
     break_even_window,
@@ -86,13 +87,9 @@ def _check_relations(values: dict) -> None:
             isinstance(v, bool) or not isinstance(v, int) or v < 1
         ):
             raise ValueError(f"{_flag(field)}={v!r} must be a positive integer.")
-    q, kv = values["num_q_heads"], values["num_kv_heads"]
-    if q % kv:
-        divisors = [d for d in range(1, q + 1) if q % d == 0]
-        raise ValueError(
-            f"--kv-heads={kv} does not divide --q-heads={q}; GQA needs a KV head count among"
-            f" {divisors}."
-        )
+    rules.check_gqa_heads(
+        values["num_q_heads"], values["num_kv_heads"], "--kv-heads", q_name="--q-heads"
+    )
     seq, seg = values["seq_len"], values["segments_per_row"]
     if seq % seg:
         raise ValueError(
@@ -104,11 +101,7 @@ def _check_relations(values: dict) -> None:
             f"--valid={values['valid_per_slot']} exceeds the slot length"
             f" --seq-len/--segments={seq // seg}; pass --valid {seq // seg} or less."
         )
-    if seq % values["cp_size"]:
-        raise ValueError(
-            f"--seq-len={seq} is not divisible by --cp={values['cp_size']}; pad rows to a multiple"
-            " of the CP size."
-        )
+    rules.check_divisible_seq(seq, values["cp_size"], None, name="--seq-len", cp_name="--cp")
 
 
 def _scaled_valid(fill: float, slot_len: int) -> int:

@@ -83,6 +83,7 @@ import math
 
 import numpy as np
 
+from tutorial_utils import rules
 from tutorial_utils.inputs import fixed_slot_segments
 from tutorial_utils.perfmodel.comm import comm_volume, dtype_bytes, ring_step_bytes
 from tutorial_utils.perfmodel.hardware import HardwareProfile, get_hardware
@@ -389,11 +390,7 @@ def memory_bytes(workload, strategy: str = "single", *, cp_size: int | None = No
     cp = 1 if strategy == "single" else (wl.cp_size if cp_size is None else cp_size)
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp_size must be a positive integer, got cp_size={cp!r}.")
-    if wl.seq_len % cp:
-        raise ValueError(
-            f"seq_len={wl.seq_len} is not divisible by cp_size={cp}; pad rows to a multiple of"
-            f" {cp}."
-        )
+    rules.check_divisible_seq(wl.seq_len, cp, None)
     e = dtype_bytes(wl.dtype)
     tokens = wl.batch * wl.seq_len // cp  # local tokens (all rows)
     q = tokens * wl.num_q_heads * wl.head_dim * e  # one of Q, O, dO, dQ (local shard)
@@ -587,37 +584,22 @@ def predict_single(workload, hardware="GB200", calibration: Calibration | None =
 def _applicability(wl: Workload, strategy: str, stripe: int | None, cp: int) -> str:
     if cp < 2:
         return f"cp_size={cp}: context parallelism needs at least 2 ranks"
-    if wl.seq_len % cp:
-        return f"seq_len={wl.seq_len} is not divisible by cp_size={cp}"
+    why = rules.reason(rules.check_divisible_seq, wl.seq_len, cp, None)
+    if why:
+        return why
     if strategy == "ring":
-        if stripe != 1:
-            return f"stripe_size={stripe}: TE's THD Ring only supports stripe_size=1"
-        left = wl.window[0]
-        if left != -1 and left < cp - 1:
-            return (
-                f"window left={left} < cp_size-1={cp - 1}: TE's Ring + sliding window gives wrong"
-                " masks"
-            )
-    elif strategy == "allgather":
-        if not isinstance(stripe, int) or stripe < 1:
-            return f"stripe_size={stripe!r} must be a positive integer for AllGather"
-        if wl.seq_len % (cp * stripe):
-            return f"seq_len={wl.seq_len} is not divisible by cp_size*stripe_size={cp * stripe}"
-        if wl.slot_len % (cp * stripe):
-            return (
-                f"segment slots of {wl.slot_len} tokens do not start at multiples of"
-                f" cp_size*stripe_size={cp * stripe}; TE's AllGather THD path can pair the wrong"
-                " keys"
-            )
-    elif strategy == "ulysses":
-        for name, heads in (("num_q_heads", wl.num_q_heads), ("num_kv_heads", wl.num_kv_heads)):
-            if heads % cp:
-                return (
-                    f"{name}={heads} is not divisible by cp_size={cp}: Ulysses splits whole heads"
-                )
-    else:
-        raise ValueError(f"strategy={strategy!r} is unknown; use 'ring', 'allgather' or 'ulysses'.")
-    return ""
+        return rules.reason(rules.check_ring_stripe, stripe) or rules.reason(
+            rules.check_ring_window, wl.window, cp
+        )
+    if strategy == "allgather":
+        return (
+            rules.reason(rules.check_stripe_given, stripe, label="strategy='allgather'")
+            or rules.reason(rules.check_stripe_size, stripe)
+            or rules.reason(rules.check_divisible_seq, wl.seq_len, cp, stripe)
+            # a workload has no concrete ids to replay, so the sufficient slot rule stands in
+            or rules.reason(rules.check_allgather_slots, wl.slot_len, cp, stripe)
+        )
+    return rules.reason(rules.check_ulysses_heads, wl.num_q_heads, wl.num_kv_heads, cp)
 
 
 def predict(
@@ -638,6 +620,7 @@ def predict(
     cp = wl.cp_size if cp_size is None else cp_size
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp_size must be a positive integer, got cp_size={cp!r}.")
+    strategy = rules.normalize_strategy(strategy)
     stripe = None if strategy == "ulysses" else stripe_size
     reason = _applicability(wl, strategy, stripe, cp)
     single = predict_single(wl, hw, cal)["predicted_ms"]
@@ -803,7 +786,7 @@ def break_even_window(
     "at every window tested (>= that)", not "from it"), or ``None`` when it never wins.
     """
     wl, hw, cal = _resolve(workload, hardware, calibration)
-    lo = wl.cp_size - 1 if strategy == "ring" else 0
+    lo = rules.ring_min_window_left(wl.cp_size) if strategy == "ring" else 0
     if min_window is not None:
         if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window < 0:
             raise ValueError(

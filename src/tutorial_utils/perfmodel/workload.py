@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+from tutorial_utils import rules
 from tutorial_utils.inputs import fixed_slot_segments, random_qkv
 
 __all__ = [
@@ -68,12 +69,12 @@ class Workload:
                 raise ValueError(
                     f"Workload.{field} must be a positive integer, got {field}={value!r}."
                 )
-        if self.num_q_heads % self.num_kv_heads:
-            raise ValueError(
-                f"Workload.num_q_heads={self.num_q_heads} is not divisible by"
-                f" num_kv_heads={self.num_kv_heads}; GQA needs every KV head to serve the same"
-                " number of query heads."
-            )
+        rules.check_gqa_heads(
+            self.num_q_heads,
+            self.num_kv_heads,
+            "Workload.num_kv_heads",
+            q_name="Workload.num_q_heads",
+        )
         if self.seq_len % self.segments_per_row:
             raise ValueError(
                 f"Workload.seq_len={self.seq_len} is not divisible by"
@@ -95,13 +96,15 @@ class Workload:
                 f"Workload.dtype={self.dtype!r} is not supported; use one of {_DTYPES}."
             )
         for stripe_field in ("stripe_size", "ring_stripe_size"):
-            stripe = getattr(self, stripe_field)
-            if self.seq_len % (self.cp_size * stripe):
-                raise ValueError(
-                    f"Workload.seq_len={self.seq_len} is not divisible by"
-                    f" cp_size*{stripe_field}={self.cp_size}*{stripe}; pad the sequence to a"
-                    f" multiple of {self.cp_size * stripe} or pick a smaller {stripe_field}."
-                )
+            rules.check_divisible_seq(
+                self.seq_len,
+                self.cp_size,
+                getattr(self, stripe_field),
+                name="Workload.seq_len",
+                stripe_name=stripe_field,
+            )
+        if self.cp_size > 1:
+            rules.check_ring_stripe(self.ring_stripe_size, name="Workload.ring_stripe_size")
 
     @property
     def slot_len(self) -> int:
@@ -126,9 +129,13 @@ class Workload:
 
         return getattr(jnp, self.dtype)
 
-    def stripe_for(self, strategy: str) -> int:
-        """Stripe size TE's example uses for a strategy: 1 for Ring, ``stripe_size`` otherwise."""
-        return self.ring_stripe_size if str(strategy).lower().endswith("ring") else self.stripe_size
+    def stripe_for(self, strategy) -> int:
+        """Stripe size TE's example uses for a strategy: 1 for Ring, ``stripe_size`` otherwise.
+
+        ``strategy`` is any spelling :func:`tutorial_utils.rules.normalize_strategy` reads
+        (``'ring'``, ``'ALL_GATHER'``, a ``CPStrategy`` or its ``str()``)."""
+        ring = rules.normalize_strategy(strategy) == "ring"
+        return self.ring_stripe_size if ring else self.stripe_size
 
     def replace(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)
@@ -212,7 +219,10 @@ def preset_from_env(default: str = "cpu") -> Workload:
 
 
 def _fits(wl: Workload, cp: int) -> bool:
-    return all(wl.seq_len % (cp * st) == 0 for st in (wl.stripe_size, wl.ring_stripe_size))
+    return not any(
+        rules.reason(rules.check_divisible_seq, wl.seq_len, cp, st)
+        for st in (wl.stripe_size, wl.ring_stripe_size)
+    )
 
 
 def fit_cp_to_devices(wl: Workload, num_devices: int) -> Workload:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import rules
 from ..validation import (
     check_bias,
     check_gqa_heads,
@@ -94,10 +95,9 @@ def static_checks(
             f" {tuple(k_shape)}."
         )
     check_gqa_heads(q_shape[2], k_shape[2], name="kv heads (k.shape[2])")
-    if stripe_size is not None and (not isinstance(stripe_size, int) or stripe_size < 1):
-        raise ValueError(f"stripe_size={stripe_size!r} must be a positive int or None.")
+    rules.check_stripe_size(stripe_size)
     if cp_size > 1:
-        strategy = _name(context_parallel_strategy)
+        strategy = rules.normalize_strategy(context_parallel_strategy)
         is_thd = _name(qkv_layout).startswith("T")
         where = f"with context parallelism (cp_size={cp_size})"
         if _name(attn_bias_type) != "NO_BIAS":
@@ -125,47 +125,25 @@ def static_checks(
                     f"attn_mask_type={_name(attn_mask_type)} is not supported for THD layouts"
                     f" {where}; use PADDING_CAUSAL_MASK."
                 )
-            if strategy == "RING":
+            if strategy == "ring":
                 _check_thd_ring(stripe_size, window, cp_size)
-            if strategy != "RING" and stripe_size is None:
-                raise ValueError(
-                    "stripe_size=None with THD AllGather context parallelism: striped load"
-                    " balancing needs an explicit stripe_size (e.g. 1, 128 or 512), the same one"
-                    " used with reorder_causal_load_balancing."
-                )
-            if not context_parallel_causal_load_balanced:
-                raise ValueError(
-                    "context_parallel_causal_load_balanced=False with a THD layout: THD context"
-                    " parallelism needs inputs reordered with reorder_causal_load_balancing(...,"
-                    " ReorderStrategy.Striped) and this flag set to True."
-                )
+            else:
+                rules.check_stripe_given(stripe_size)
+                rules.check_allgather_load_balanced(context_parallel_causal_load_balanced)
+            rules.check_divisible_seq(q_shape[1], cp_size, stripe_size or 1, name="q.shape[1]")
         else:
             if _name(attn_mask_type) not in ("NO_MASK", "CAUSAL_MASK"):
                 raise ValueError(
                     f"attn_mask_type={_name(attn_mask_type)} is not supported for BSHD layouts"
                     f" {where}; use NO_MASK or CAUSAL_MASK."
                 )
-            if stripe_size is not None:
-                raise ValueError(
-                    f"stripe_size={stripe_size} with a BSHD layout: BSHD uses DualChunkSwap load"
-                    " balancing; pass stripe_size=None."
-                )
-            if window[0] != -1:
-                raise ValueError(
-                    f"window_size={window} with a BSHD layout {where}: sliding windows need a THD"
-                    " layout under CP; use THD_THD_THD with segment ids/positions, or"
-                    " window_size=None."
-                )
-            if max_segments_per_seq != 1:
-                raise ValueError(
-                    f"max_segments_per_seq={max_segments_per_seq} with a BSHD layout {where}: must"
-                    " be 1."
-                )
-        if q_shape[1] % cp_size:
-            raise ValueError(
-                f"sequence length {q_shape[1]} is not divisible by cp_size={cp_size}; pad it to a"
-                " multiple of cp_size."
-            )
+            rules.check_bshd_stripe(stripe_size, cp_size=cp_size)
+            rules.check_bshd_window(window, cp_size=cp_size)
+            rules.check_bshd_max_segments(max_segments_per_seq, cp_size=cp_size)
+            if context_parallel_causal_load_balanced:
+                rules.check_dual_chunk(q_shape[1], cp_size, name="q.shape[1]")
+            else:
+                rules.check_divisible_seq(q_shape[1], cp_size, None, name="q.shape[1]")
     return window
 
 
@@ -176,15 +154,7 @@ def check_scalars(*, dropout_probability, max_segments_per_seq) -> None:
     accepted silently (TE ignores dropout at inference, so a typo survives until training)
     and ``max_segments_per_seq=0`` fails inside JAX with a zero-size reduction.
     """
-    if (
-        not isinstance(max_segments_per_seq, int)
-        or isinstance(max_segments_per_seq, bool)
-        or max_segments_per_seq < 1
-    ):
-        raise ValueError(
-            f"max_segments_per_seq={max_segments_per_seq!r} must be a positive int (the largest"
-            " segment id in any row, e.g. 1 for one sequence per row)."
-        )
+    rules.check_max_segments(max_segments_per_seq)
     try:
         ok = 0.0 <= float(dropout_probability) < 1.0
     except (TypeError, ValueError):
@@ -198,18 +168,8 @@ def check_scalars(*, dropout_probability, max_segments_per_seq) -> None:
 
 def _check_thd_ring(stripe_size, window, cp_size) -> None:
     """The two THD Ring inputs TE computes wrongly: a stripe above 1, a left window below cp-1."""
-    if stripe_size not in (None, 1):
-        raise ValueError(
-            f"stripe_size={stripe_size} with CPStrategy.RING: THD ring attention supports only "
-            "stripe_size=1 (larger stripes give wrong masks). Use stripe_size=1 (and reorder with "
-            "stripe_size=1), or CPStrategy.ALL_GATHER for larger stripes."
-        )
-    if window[0] != -1 and window[0] < cp_size - 1:
-        raise ValueError(
-            f"window_size={window} with CPStrategy.RING and cp_size={cp_size}: the left window must"
-            f" be >= cp_size-1={cp_size - 1} (narrower windows give spurious pairs). Widen it or"
-            " use CPStrategy.ALL_GATHER."
-        )
+    rules.check_ring_stripe(stripe_size, label="CPStrategy.RING")
+    rules.check_ring_window(window, cp_size, label="CPStrategy.RING")
 
 
 def silent_failure_checks(
@@ -236,15 +196,10 @@ def silent_failure_checks(
     if cp_size <= 1 or not _name(qkv_layout).startswith("T"):
         return
     window = check_window(window_size)
-    if _name(context_parallel_strategy) == "RING":
+    if rules.normalize_strategy(context_parallel_strategy) == "ring":
         _check_thd_ring(stripe_size, window, cp_size)
-    elif not context_parallel_causal_load_balanced:
-        raise ValueError(
-            "context_parallel_causal_load_balanced=False with THD AllGather context parallelism: TE"
-            " then reads the shards as contiguous and pairs the wrong keys. Reorder the inputs with"
-            " reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size=...,"
-            " seq_dim=1, stripe_size=...) and pass context_parallel_causal_load_balanced=True."
-        )
+    else:
+        rules.check_allgather_load_balanced(context_parallel_causal_load_balanced)
 
 
 def _unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
@@ -912,7 +867,7 @@ else:
             bias_arr = bias if attn_bias_type == AttnBiasType.POST_SCALE_BIAS else bias * scale
 
         if cp_size > 1:
-            strategy = "ring" if context_parallel_strategy == CPStrategy.RING else "allgather"
+            strategy = rules.normalize_strategy(context_parallel_strategy)
             reorder = (
                 ReorderStrategy.Striped if qkv_layout.is_thd() else ReorderStrategy.DualChunkSwap
             )
@@ -1037,4 +992,4 @@ else:
             return False
         if is_training and dropout_probability:
             return False
-        return q_num_heads % kv_num_heads == 0
+        return not rules.reason(rules.check_gqa_heads, q_num_heads, kv_num_heads)
