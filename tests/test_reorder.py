@@ -261,7 +261,7 @@ def test_nonpositive_stripe_raises(stripe):
 
 def test_striped_indivisible_raises():
     with pytest.raises(
-        ValueError, match=r"sequence length 24 is not divisible by cp_size\*stripe_size=4\*4=16"
+        ValueError, match=r"seq_len=24 is not divisible by cp_size\*stripe_size=4\*4=16"
     ):
         reorder_causal_load_balancing(np.arange(24), STRIPED, 4, 0, 4)
     with pytest.raises(ValueError, match=r"not divisible by cp_size\*stripe_size=4\*1=4"):
@@ -274,7 +274,7 @@ def test_dual_chunk_odd_cp_raises():
 
 
 def test_dual_chunk_indivisible_raises():
-    with pytest.raises(ValueError, match=r"sequence length 12 is not a multiple of cp_size\*2=8"):
+    with pytest.raises(ValueError, match=r"seq_len=12 is not divisible by 2\*cp_size=2\*4=8"):
         reorder_causal_load_balancing(np.arange(12), DUAL, 4, 0)
 
 

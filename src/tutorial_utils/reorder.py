@@ -10,6 +10,8 @@ import enum
 
 import numpy as np
 
+from tutorial_utils import rules
+
 __all__ = [
     "ReorderStrategy",
     "reorder_causal_load_balancing",
@@ -83,13 +85,7 @@ def striped_permutation(seq_len: int, cp_size: int, stripe_size: int | None = 1)
     """
     cp = _check_cp_size(cp_size)
     st = _check_stripe(stripe_size)
-    if seq_len % (cp * st) != 0:
-        raise ValueError(
-            f"sequence length {seq_len} is not divisible by"
-            f" cp_size*stripe_size={cp}*{st}={cp * st}; pad the sequence to a multiple of"
-            f" {cp * st} or choose a stripe_size that divides"
-            f" {seq_len // cp if seq_len % cp == 0 else seq_len}/cp."
-        )
+    rules.check_divisible_seq(seq_len, cp, st)
     p = np.arange(seq_len)
     shard = seq_len // cp
     return (p % shard) // st * cp * st + (p // shard) * st + p % st
@@ -121,11 +117,7 @@ def dual_chunk_permutation(seq_len: int, cp_size: int) -> np.ndarray:
             f"cp_size={cp} must be a multiple of 2 for DualChunkSwap reordering; use an even"
             " cp_size or ReorderStrategy.Striped."
         )
-    if seq_len % (2 * cp) != 0:
-        raise ValueError(
-            f"sequence length {seq_len} is not a multiple of cp_size*2={2 * cp}; pad the sequence"
-            f" to a multiple of {2 * cp}."
-        )
+    rules.check_dual_chunk(seq_len, cp)
     chunk = seq_len // (2 * cp)
     c = np.arange(2 * cp)
     src_chunk = np.where(c % 2 == 0, c // 2, 2 * cp - 1 - c // 2)

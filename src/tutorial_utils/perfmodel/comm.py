@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from tutorial_utils import rules
+
 __all__ = [
     "Transfer",
     "CommVolume",
@@ -148,11 +150,7 @@ def _shards(batch, seq_len, num_q_heads, num_kv_heads, head_dim, cp_size, dtype,
         ("id_bytes", id_bytes),
     ):
         _pos_int(name, v)
-    if seq_len % cp_size:
-        raise ValueError(
-            f"seq_len={seq_len} is not divisible by cp_size={cp_size}; pad rows to a multiple of"
-            f" {cp_size}."
-        )
+    rules.check_divisible_seq(seq_len, cp_size, None)
     b = dtype_bytes(dtype)
     tokens = batch * seq_len // cp_size
     return {

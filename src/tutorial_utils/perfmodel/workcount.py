@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from tutorial_utils import rules
 from tutorial_utils.reorder import ReorderStrategy, rank_token_indices
 from tutorial_utils.validation import check_window
 
@@ -108,11 +109,7 @@ def local_token_order(
     seq_len = _check_positive_int("seq_len", seq_len)
     cp = _check_positive_int("cp_size", cp_size)
     layout = _check_layout(layout)
-    if seq_len % cp:
-        raise ValueError(
-            f"seq_len={seq_len} is not divisible by cp_size={cp}; pad the rows to a multiple of"
-            f" {cp}."
-        )
+    rules.check_divisible_seq(seq_len, cp, None)
     if layout == "contiguous":
         return np.arange(seq_len).reshape(cp, -1)
     if layout == "striped":

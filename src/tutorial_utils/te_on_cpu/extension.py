@@ -11,6 +11,8 @@ import types
 
 import numpy as np
 
+from tutorial_utils import rules
+
 __all__ = [
     "STANDIN_NAME",
     "CUDNN_CONTRACT",
@@ -161,7 +163,6 @@ _THD_LAYOUTS = {
     NVTE_QKV_Layout.NVTE_THD_T2HD,
     NVTE_QKV_Layout.NVTE_THD_THD_THD,
 }
-_SUPPORTED_DTYPES = {DType.kFloat16, DType.kBFloat16}
 
 
 # ----------------------------------------------------------------------------- the C functions TE's
@@ -183,11 +184,9 @@ def unsupported_reason(params) -> str:
     because TE shows it to the user as ``Unsupported backend: <reason>``.
     """
     dtype = DType(int(params.qkv_dtype))
-    if dtype not in _SUPPORTED_DTYPES and not (dtype == DType.kFloat32 and _state["allow_fp32"]):
-        return (
-            f"qkv dtype {dtype.name}: cuDNN fused attention (and this CPU stand-in for it) takes"
-            " float16 or bfloat16; cast q/k/v with .astype(jnp.bfloat16)"
-        )
+    why = rules.reason(rules.check_te_dtype, dtype, allow_fp32=_state["allow_fp32"])
+    if why:
+        return why
     if int(params.scaling_mode) != JAXX_Scaling_Mode.NO_SCALING:
         return (
             f"scaling_mode={JAXX_Scaling_Mode(int(params.scaling_mode)).name}: FP8/FP4 attention"
@@ -207,12 +206,12 @@ def unsupported_reason(params) -> str:
     layout = NVTE_QKV_Layout(int(params.qkv_layout))
     if bias != NVTE_Bias_Type.NVTE_NO_BIAS and layout in _THD_LAYOUTS:
         return f"attn_bias_type={bias.name} with qkv_layout={layout.name}: bias needs a BSHD layout"
-    if params.num_gqa_groups < 1 or params.num_attn_heads % params.num_gqa_groups:
-        return (
-            f"num_gqa_groups={params.num_gqa_groups} does not divide"
-            f" num_attn_heads={params.num_attn_heads}; use a KV head count that divides the query"
-            " head count"
-        )
+    why = rules.reason(
+        rules.check_gqa_heads, params.num_attn_heads, params.num_gqa_groups,
+        name="num_gqa_groups", q_name="num_attn_heads",
+    )  # fmt: skip
+    if why:
+        return why
     left, right = int(params.window_size_left), int(params.window_size_right)
     if left < -1 or right < -1:
         return f"window_size=({left}, {right}): each side must be -1 (unbounded) or >= 0"
