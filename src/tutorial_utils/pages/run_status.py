@@ -107,17 +107,13 @@ def status_box(gpu_recs: Iterable[dict], build: str) -> str:
 
 
 def chapter_box(gpu_recs: Iterable[dict], build: str) -> str:
-    """Every chapter's box: how a chapter runs, then the status paragraph."""
-    recs = list(gpu_recs)
-    untried = "" if recs else " (a path not yet run)"
-    how = (
-        "Without a GPU, TE's own JAX code runs on simulated CPU devices with a stand-in for"
-        " cuDNN's kernel (`tutorial_utils.te_on_cpu`); on a GPU node the same cells call TE's"
-        f" cuDNN kernels{untried}. The `Backend:` line names what produced this page. CPU timings"
-        f" say nothing about GPU speed. *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a"
-        " claim that rests on the stand-in's reading of cuDNN's contract."
+    """Every chapter's box: one paragraph, the status and what to make of the page's figures."""
+    note = (
+        " The `Backend:` line names what produced this page; CPU timings say nothing about GPU"
+        f" speed; *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a claim that rests on"
+        " the CPU stand-in's reading of cuDNN's contract."
     )
-    return _admonition("How this page ran", how + "\n\n" + status_text(recs, build))
+    return _admonition("How this page ran", status_text(gpu_recs, build) + note)
 
 
 def _admonition(title: str, body: str) -> str:
