@@ -72,7 +72,8 @@ test-fast: $(STAMP)
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 VENV312 := .venv312
 PY312_TESTS := tests/test_te_on_cpu.py tests/test_te_signatures.py tests/test_model.py \
-	tests/test_package_layout.py tests/test_compile_cache.py
+	tests/test_package_layout.py tests/test_compile_cache.py \
+	tests/test_performance_page.py
 # TE's JAX code under the new JAX: its queries, one device against the oracles, and CP on four
 # devices in float32; the property tests and the rest of the CP matrix run in the 3.11 leg
 PY312_SELECT := not validator and not facade_check and not bf16 and not bfloat16 and \
