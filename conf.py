@@ -287,9 +287,48 @@ def _copy_notebooks(app, exception):
         shutil.copy2(notebook, target / notebook.name)
 
 
+def _page_times(app, exception):
+    """Print and write each page's execution time (``_build/page-times.json``).
+
+    Why: ``make docs`` is the reader's first command and Read the Docs' build; the table says
+    which pages it spends its time on. Pages taken from the execution cache are listed as such.
+    """
+    if exception is not None or app.builder.format != "html":
+        return
+    import json
+    import resource
+
+    meta = getattr(app.env, "nb_metadata", {})
+    rows = []
+    for docname in sorted(meta):
+        data = meta[docname].get("exec_data") or {}
+        if data:
+            rows.append(
+                {"page": docname, "seconds": round(data.get("runtime") or 0.0, 1),
+                 "method": data.get("method"), "succeeded": data.get("succeeded")}
+            )  # fmt: skip
+    rows.sort(key=lambda r: -r["seconds"])
+    kernels_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    report = {
+        "pages": rows,
+        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
+        "peak_kernel_rss_mib": round(kernels_kib / 1024),
+        "peak_builder_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+    (Path(app.outdir).parent / "page-times.json").write_text(json.dumps(report, indent=2))
+    print("page execution times (s):")
+    for r in rows:
+        print(f"  {r['seconds']:7.1f}  {r['page']}  ({r['method']})")
+    print(
+        f"  {report['total_seconds']:7.1f}  in all; peak memory: largest kernel"
+        f" {report['peak_kernel_rss_mib']} MiB, the builder {report['peak_builder_rss_mib']} MiB"
+    )
+
+
 def setup(app):
     app.connect("html-page-context", _notebook_link)
     app.connect("build-finished", _copy_notebooks)
+    app.connect("build-finished", _page_times)
     app.connect("source-read", _api_source)
     app.connect("source-read", _run_status_box)
     app.connect("autodoc-process-docstring", _te_docstring)

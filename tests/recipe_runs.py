@@ -12,6 +12,7 @@ ON_THE_RECIPES_PAGE = [
     ("flax_dot_product_attention.py", 4, r"Flax DotProductAttention, Ring, cp=4"),
     ("reorder_once_iterator.py", 4, r"reorder-once iterator, Ring, cp=4"),
     ("multi_process.py", 4, r"4 processes, THD Ring over 4 devices"),
+    ("cp_dp_fsdp_tp.py", 8, r"THD Ring on 2x2x2 \(data, tp, cp\)"),
 ]
 ELSEWHERE = [
     ("thd_ring.py", 2, r"THD Ring, cp=2, stripe=1"),

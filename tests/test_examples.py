@@ -80,7 +80,7 @@ def test_recipes_are_few_short_and_import_only_jax_numpy_te_flax_optax():
     for name in RECIPES:
         source = (EXAMPLES / name).read_text()
         # as ruff formats them at 88 columns (examples/ruff.toml; make lint)
-        assert len(source.splitlines()) <= 150, f"{name}: {len(source.splitlines())} lines"
+        assert len(source.splitlines()) <= 180, f"{name}: {len(source.splitlines())} lines"
         assert ast.get_docstring(ast.parse(source)), f"{name} says what it shows"
         for node in ast.walk(ast.parse(source)):
             mods = (
