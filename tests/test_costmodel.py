@@ -169,3 +169,23 @@ def test_speedup_sweep_draws_each_case_the_break_even_line_and_the_published_poi
     assert ax.get_xscale() == "log" and "4 x GB200" in ax.get_title()
     with pytest.raises(ValueError, match="sweep"):
         plots.plot_speedup_sweep({"values": [1]})
+
+
+def test_speedup_sweep_draws_both_fits_as_a_band(plt_agg):
+    from tutorial_utils.pages import plots
+
+    cases = [("ring", 1), ("allgather", 128)]
+    windows = [16, 512, 8192]
+    fraction = speedup_sweep(SEED, "window", windows, cases=cases)
+    constant = speedup_sweep(
+        SEED, "window", windows, cases=cases, calibration=fit_calibration(cp_loss="constant")
+    )
+    ax = plots.plot_speedup_sweep(fraction, other=constant).axes[0]
+    solid = [ln for ln in ax.lines if ln.get_label().endswith("fraction fit")]
+    dashed = [ln for ln in ax.lines if ln.get_label().endswith("constant fit")]
+    assert len(solid) == len(dashed) == len(cases)
+    np.testing.assert_array_equal(dashed[1].get_ydata(), constant["speedup"][("allgather", 128)])
+    assert len(ax.collections) == 2  # one band per configuration
+    # the fits part at narrow windows: the band is open there
+    ag = ("allgather", 128)
+    assert fraction["speedup"][ag][0] > 1 > constant["speedup"][ag][0]

@@ -1419,7 +1419,13 @@ def plot_time_breakdown(predictions, *, published=None, title: str | None = None
 
 
 def plot_speedup_sweep(
-    sweep: Mapping, *, published=None, xlabel: str | None = None, title: str | None = None
+    sweep: Mapping,
+    *,
+    published=None,
+    xlabel: str | None = None,
+    title: str | None = None,
+    other: Mapping | None = None,
+    labels: tuple[str, str] = ("fraction fit", "constant fit"),
 ):
     """Predicted speedup over one GPU along one swept workload field, one line per configuration.
 
@@ -1427,8 +1433,10 @@ def plot_speedup_sweep(
     :func:`tutorial_utils.perfmodel.costmodel.speedup_sweep` returns (NaN points, where a
     strategy cannot run the shape, are gaps). ``published``: optional mapping
     ``(strategy, stripe) -> speedup`` drawn as black stars at the sweep's ``base`` value
-    (the workload the measurements were taken on). A field spanning more than 8x is drawn
-    on a log2 axis.
+    (the workload the measurements were taken on). ``other``: the same sweep under a second
+    calibration; each configuration is then drawn as a band between the two predictions
+    (solid: ``sweep``, dashed: ``other``, named by ``labels``), so a reader sees the range the
+    two fits leave open. A field spanning more than 8x is drawn on a log2 axis.
     """
     if not isinstance(sweep, Mapping) or not {"values", "speedup", "field"} <= set(sweep):
         raise ValueError("sweep must be the dict costmodel.speedup_sweep(...) returns.")
@@ -1444,9 +1452,15 @@ def plot_speedup_sweep(
             raise ValueError(
                 f"sweep['speedup'][{key!r}] has {ys.size} points for {xs.size} values."
             )
-        ax.plot(
-            xs, ys, "-o", ms=3, color=colors[key], label=f"model prediction: {_case_text(*key)}"
-        )
+        if other is None:
+            ax.plot(
+                xs, ys, "-o", ms=3, color=colors[key], label=f"model prediction: {_case_text(*key)}"
+            )
+            continue
+        alt = np.asarray(other["speedup"][key], dtype=np.float64)
+        ax.plot(xs, ys, "-o", ms=3, color=colors[key], label=f"{_case_text(*key)}: {labels[0]}")
+        ax.plot(xs, alt, "--", lw=1.2, color=colors[key], label=f"{_case_text(*key)}: {labels[1]}")
+        ax.fill_between(xs, np.fmin(ys, alt), np.fmax(ys, alt), color=colors[key], alpha=0.15)
     stars = [(key, s) for key, s in dict(published or {}).items() if key in colors]
     for j, (_key, s) in enumerate(stars):
         ax.scatter(
@@ -1468,5 +1482,7 @@ def plot_speedup_sweep(
         else f"{cp} x {_short_gpu(sweep.get('hardware', ''))}"
     )
     ax.set_title(title or f"Model prediction, {where}: speedup vs {sweep['field']}", fontsize=10)
-    ax.legend(fontsize=9, loc="lower right", frameon=True, framealpha=0.9)
+    ax.legend(
+        fontsize=8 if other is not None else 9, loc="lower right", frameon=True, framealpha=0.9
+    )
     return fig
