@@ -5,15 +5,13 @@ Why: the question "does CP pay off for *my* shapes on *my* GPUs?" needs a number
 anyone books four GPUs. The model is built from exact counts (:mod:`.workcount`: tiles
 each rank must touch; :mod:`.comm`: bytes each rank must move) and only as many fitted
 parameters as there are measurements to fit them on. It then reports *why* a strategy
-misses the ideal ``cp``-fold speedup, as an additive breakdown:
+misses the ideal ``cp``-fold speedup, as an additive breakdown::
 
     predicted = ideal (single / cp)
-              + fragmentation   (extra tiles the CP layout touches; stripe-1 AllGather is the
-              extreme)
-              + imbalance       (the slowest rank, or each ring step's slowest rank, vs the mean)
-              + cp_overhead     (the fitted CP efficiency loss: everything the counts do not
-              explain)
-              + comm_exposed    (transfer time not hidden under compute)
+              + fragmentation  (extra tiles the CP layout touches; stripe-1 AllGather most)
+              + imbalance      (the slowest rank, or each ring step's slowest rank, vs the mean)
+              + cp_overhead    (the fitted CP efficiency loss: what the counts do not explain)
+              + comm_exposed   (transfer time not hidden under compute)
 
 How the model works:
 
