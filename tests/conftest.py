@@ -41,7 +41,7 @@ if (
         / f"xla-py{sys.version_info[0]}.{sys.version_info[1]}"
     )
     shutil.rmtree(_cache, ignore_errors=True)
-    _cache.mkdir(parents=True)
+    _cache.mkdir(parents=True, exist_ok=True)  # a process of a run being stopped may still write
     os.environ["TUTORIAL_COMPILE_CACHE_DIR"] = str(_cache)
 
 # The run's settings reach every process of the run through devtools/sitecustomize.py, which
