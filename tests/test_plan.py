@@ -468,9 +468,10 @@ def test_break_even_table_gives_a_range_across_both_fits():
 
     text = break_even_table("seed", [("allgather", 128)], windows=[16, 8192])
     header, _, row = text.splitlines()[2:5]
-    assert "CP loss a fraction of compute" in header and "CP loss a constant (ms)" in header
+    assert "| fraction fit | constant fit |" in header
+    assert "*a fraction of compute*" in text and "*a constant (ms)*" in text
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "allgather stripe 128" and cells[1] == "every window tested (>= 16)"
+    assert cells[0] == "allgather stripe 128" and cells[1] == "all tested (≥ 16)"
     assert int(cells[2].replace(",", "")) > 16  # the constant-loss fit needs a wider window
     assert "window 0" not in text and text.startswith("**Model prediction**")
     with pytest.raises(ValueError, match="windows is empty"):

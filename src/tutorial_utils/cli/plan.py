@@ -345,7 +345,7 @@ def break_even_table(workload, cases, *, windows, hardware="GB200") -> str:
         return (
             "never"
             if w is None
-            else (f"every window tested (>= {windows[0]:,})" if w == windows[0] else f"{w:,}")
+            else (f"all tested (≥ {windows[0]:,})" if w == windows[0] else f"{w:,}")
         )
 
     rows = []
@@ -364,12 +364,15 @@ def break_even_table(workload, cases, *, windows, hardware="GB200") -> str:
             + f" | {narrow} | {' / '.join(ranges)} |"
         )
     hw = hardware if isinstance(hardware, str) else get_hardware(hardware).name
+    short = " | ".join(name.split(" a ")[-1].split()[0] + " fit" for name in fits)
     return (
-        f"**Model prediction** ({wl.name} shape, {wl.cp_size} x {hw}): "
-        "CP beats one GPU from window ...\n\n"
-        "| strategy | " + " | ".join(fits) + f" | speedup at window {windows[0]:,} (both fits) "
-        f"| speedup at windows {wide[0]:,}-{wide[-1]:,} (both fits) |\n|---|---|---|---|---|\n"
-        + "\n".join(rows)
+        f"**Model prediction** ({wl.name} shape, {wl.cp_size} x {hw}): the window from which CP"
+        " beats one GPU, with the CP loss "
+        + " or ".join(f"*a {name.split(' a ')[-1]}*" for name in fits)
+        + "; then the speedup at the narrowest and at the widest windows tested (fraction"
+        " fit / constant fit).\n\n"
+        f"| strategy | {short} | at {windows[0]:,} | at {wide[0]:,}-{wide[-1]:,} |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 
