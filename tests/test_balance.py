@@ -48,9 +48,11 @@ def test_scenarios_and_counts():
 def test_table():
     counts = count_layouts(get_workload("tiny"), tile=(16, 16))
     text = balance_table(counts)._repr_markdown_()
-    assert text.startswith("| packing | layout | AllGather: max/mean |")
-    assert text.count("\n| ") == 3 * 5  # a row per packing and layout
-    assert "\n| one long document | striped 1 | 1.0" in text  # within 10% of perfect balance
+    assert text.startswith("**one long document**\n\n| layout | AllGather max/mean |")
+    assert text.count("**") == 2 * 3  # a table per packing
+    assert text.count("\n| ") == 3 * (5 + 1)  # its header's rule and a row per layout
+    first = text.split("**", 3)[2]
+    assert "\n| striped 1 | 1.0" in first  # within 10% of perfect balance
     with pytest.raises(ValueError, match="count_layouts"):
         balance_table({})
     no_tiles = count_layouts(get_workload("tiny"), tile=None)

@@ -89,8 +89,8 @@ class BalanceTable:
     """The balance and tile-efficiency figures of :func:`count_layouts`, as a Markdown table."""
 
     HEADER = (
-        "| packing | layout | AllGather: max/mean | Ring: lock-step/mean | "
-        "tile efficiency AG (model) | tile efficiency Ring (model) |\n|---|---|---|---|---|---|"
+        "| layout | AllGather max/mean | Ring lock-step/mean | AG tile eff. | Ring tile eff. |\n"
+        "|---|---|---|---|---|"
     )
 
     def __init__(self, counts: Mapping[str, Mapping[str, WorkCount]]):
@@ -108,11 +108,16 @@ class BalanceTable:
         ]
 
     def markdown(self) -> str:
-        lines = [
-            f"| {s} | {lab} | {ag:.2f} | {ring:.2f} | {tag:.2f} | {tring:.2f} |"
-            for s, lab, ag, ring, tag, tring in self.rows
-        ]
-        return self.HEADER + "\n" + "\n".join(lines)
+        """One short table per packing (tile efficiencies are the model's)."""
+        out = []
+        for packing in dict.fromkeys(row[0] for row in self.rows):
+            lines = [
+                f"| {lab} | {ag:.2f} | {ring:.2f} | {tag:.2f} | {tring:.2f} |"
+                for s, lab, ag, ring, tag, tring in self.rows
+                if s == packing
+            ]
+            out.append(f"**{packing}**\n\n" + self.HEADER + "\n" + "\n".join(lines))
+        return "\n\n".join(out)
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
