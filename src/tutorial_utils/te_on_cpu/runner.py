@@ -132,10 +132,10 @@ def main(argv=None) -> int:
     if not os.environ.get(
         _CHILD_MARK
     ):  # processes a script starts with the same command line stay quiet
-        print(
-            f"te_on_cpu: {ns.script} runs TransformerEngine {version} ({BACKEND_DESCRIPTION}) on"
-            f" {ns.devices} simulated CPU device{'s' if ns.devices != 1 else ''}; CPU numbers are"
-            " not GPU numbers",
+        plural = "s" if ns.devices != 1 else ""
+        print(  # two short lines: a page shows them without scrolling
+            f"te_on_cpu: {ns.script} runs TransformerEngine {version} on {ns.devices} simulated"
+            f" CPU device{plural}\n  ({BACKEND_DESCRIPTION}; CPU numbers are not GPU numbers)",
             flush=True,
         )
     os.environ[_CHILD_MARK] = "1"
