@@ -306,7 +306,7 @@ def _check_bench(proc, tmp):
 
 def _check_check(proc, tmp):
     lines = proc.stdout.splitlines()
-    assert "devices: 4 x cpu" in lines[0] and "simulated host devices" in lines[0], lines[0]
+    assert "Devices: 4 x cpu" in lines[1] and "simulated host devices" in lines[1], lines[:2]
     assert "TransformerEngine 2.20.2" in lines[0], lines[0]  # the default backend: TE's code on CPU
     for needle in (
         "PASS te-cp-allgather: cp=4",

@@ -1461,7 +1461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def echo(line: str) -> None:
         print(line, flush=True)
 
-    print(f"# {backend_line()}", flush=True)
+    print("\n".join(f"# {line}" for line in backend_line().splitlines()), flush=True)
     t0 = time.perf_counter()
     results = run_checks(quick=args.quick, te_plumbing=args.te_plumbing, only=args.only, echo=echo)
     if args.only is not None and not results:
