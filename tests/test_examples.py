@@ -120,8 +120,9 @@ def test_every_recipe_is_run_somewhere():
     ran = {r for r, _, _ in ON_THE_RECIPES_PAGE + ELSEWHERE}
     assert ran == set(RECIPES), set(RECIPES) ^ ran
     page = (ROOT / "docs" / "recipes.md").read_text()
-    for recipe, _, _ in ON_THE_RECIPES_PAGE:
-        assert f'run("{recipe}")' in page, f"docs/recipes.md no longer runs {recipe}"
+    for recipe, devices, _ in ON_THE_RECIPES_PAGE:
+        call = f'run("{recipe}")' if devices == 4 else f'run("{recipe}", devices={devices})'
+        assert call in page, f"docs/recipes.md no longer runs {recipe} on {devices} devices"
 
 
 # ----------------------------------------------------------------------------- the runner's refusal

@@ -25,13 +25,14 @@ def page_flags() -> list[str]:
     text = (ROOT / "docs" / "performance.md").read_text()
     flags = sorted(set(re.findall(r"--xla_[a-z0-9_]+(?:=[^\s`\"]+)?", text)))
     # a placeholder value N becomes a number; the dump folder a temporary one
-    return [f.replace("=N", "=1").replace("/tmp/hlo", "/tmp/perf-page-hlo") for f in flags]
+    return [f.replace("=N", "=1") for f in flags]
 
 
 def test_every_flag_on_the_page_starts_a_backend(tmp_path):
     flags = page_flags()
     assert len(flags) >= 12, flags
-    proc = _start([f.replace("/tmp/perf-page-hlo", str(tmp_path)) for f in flags])
+    dump = str(tmp_path / "hlo-dump")
+    proc = _start([f.replace("=hlo-dump", f"={dump}") for f in flags])
     assert proc.returncode == 0 and proc.stdout.strip() == "cpu", proc.stderr[-2000:]
 
 
