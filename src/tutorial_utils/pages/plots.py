@@ -721,6 +721,12 @@ def _ring_positions(cp: int):
     return np.stack([np.cos(angles), np.sin(angles)], axis=1)
 
 
+def _radius(label: str) -> float:
+    """A rank's circle, wide enough for ``label``'s longest line at 9 pt."""
+    longest = max(len(line) for line in label.split("\n"))
+    return 0.24 + 0.05 * max(0, longest - 3)
+
+
 def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     from matplotlib.patches import Circle
 
@@ -728,13 +734,22 @@ def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     colors = rank_colors(cp)
     for r in range(cp):
         ax.add_patch(
-            Circle(xy[r], 0.24, facecolor=colors[r], edgecolor="k", lw=0.8, alpha=0.9, zorder=3)
+            Circle(
+                xy[r],
+                _radius(labels[r]),
+                facecolor=colors[r],
+                edgecolor="k",
+                lw=0.8,
+                alpha=0.9,
+                zorder=3,
+            )
         )
         ax.text(
             *xy[r],
             labels[r],
             ha="center",
             va="center",
+            # a longer label gets a smaller font, so that it stays inside its circle
             fontsize=9,
             color="white",
             zorder=4,
@@ -945,7 +960,8 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: str | None = None):
     ax.set_xticks(range(len(data)), list(data))
     ax.set_ylabel(f"received per rank [{unit}]")
     ax.margins(y=0.22)
-    ax.legend(fontsize=9, frameon=False, loc="upper left")
+    # outside the axes: inside, it covered the tallest bar's label
+    ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or "Bytes each rank receives per forward and backward pass", fontsize=10)
     return fig
 
