@@ -19,7 +19,6 @@ The bundle's build wheels (cudnn-frontend, nvtx, pybind11) come from the same pi
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import hashlib
 import io
@@ -189,11 +188,7 @@ def fetch_members(project: str, version: str, prefixes: Sequence[str] | None, de
         if len(row) > 1
     }
     for name, (data, mode) in blobs.items():
-        digest = (
-            "sha256="
-            + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        )
-        if record.get(name) and record[name] != digest:
+        if record.get(name) and record[name] != G._record_hash(data):
             raise SystemExit(f"{project} {version}: {name} differs from the wheel's RECORD.")
         path = dest / name
         path.parent.mkdir(parents=True, exist_ok=True)
