@@ -543,11 +543,27 @@ def gradients_rel_l2(grads, reference) -> float:
 
     Returns:
         ``||grads - reference|| / ||reference||`` over all leaves, in float32.
+
+    Raises:
+        ValueError: the two trees differ in structure or in a leaf's shape.
     """
     import jax
     import jax.numpy as jnp
 
-    pairs = zip(jax.tree.leaves(grads), jax.tree.leaves(reference))
-    diff = sum(float(jnp.sum((jnp.float32(a) - jnp.float32(b)) ** 2)) for a, b in pairs)
+    ours, theirs = jax.tree.structure(grads), jax.tree.structure(reference)
+    if ours != theirs:
+        raise ValueError(
+            f"grads has tree {ours}, reference has {theirs}: pass the gradients of the same "
+            "parameters (e.g. both from jax.grad of one model's loss)."
+        )
+    leaves = list(zip(jax.tree.leaves(grads), jax.tree.leaves(reference)))
+    shapes = [(jnp.shape(a), jnp.shape(b)) for a, b in leaves]
+    bad = next(((a, b) for a, b in shapes if a != b), None)
+    if bad is not None:
+        raise ValueError(
+            f"grads has a leaf of shape {bad[0]} where reference has {bad[1]}: compare the "
+            "gradients in the same layout (undo a reorder or a sharding first)."
+        )
+    diff = sum(float(jnp.sum((jnp.float32(a) - jnp.float32(b)) ** 2)) for a, b in leaves)
     norm = sum(float(jnp.sum(jnp.float32(b) ** 2)) for b in jax.tree.leaves(reference))
     return (diff / norm) ** 0.5
