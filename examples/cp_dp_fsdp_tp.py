@@ -169,11 +169,11 @@ for attend, label in ((fused, "fused_attn (dp)"), (flax_layer, "Flax layer (fsdp
         if name != "out":
             rel = jnp.linalg.norm(got - want) / jnp.linalg.norm(want)
             rel_l2.append(f"{name} {float(rel):.2g}")
-    parts.append(f"{label}: max {', '.join(errors)}; rel L2 {', '.join(rel_l2)}")
+    parts += [f"  {label}: max {', '.join(errors)}", f"    rel L2 {', '.join(rel_l2)}"]
 print(
-    f"THD Ring on {DP}x{TP}x{CP} (data, tp, cp), per-device q block {block}, bf16,"
-    " max |CP - one device|:",
-    " | ".join(parts),
+    f"THD Ring on {DP}x{TP}x{CP} (data, tp, cp), per-device q block {block}, bf16,\n"
+    "  max |CP - one device| (max) and relative L2 error of the gradients (rel L2):"
 )
+print("\n".join(parts))
 if not ok:
     raise SystemExit("CP differs from one device by more than TE's bf16 tolerance")

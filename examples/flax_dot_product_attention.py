@@ -8,6 +8,8 @@ gradients, updated parameters), then asks the layer for THD AllGather and prints
 refusal: the layer takes no stripe_size (call fused_attn directly for AllGather).
 """
 
+import textwrap
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -105,7 +107,7 @@ def max_err(a, b):
 err_grads, err_params = max_err(grads_cp, grads_1), max_err(params_cp, params_1)
 print(
     f"Flax DotProductAttention, Ring, cp={CP}, bf16: loss {float(loss_cp):.5f}",
-    f"vs one device {float(loss_1):.5f}; max |CP - one device| over gradients",
+    f"vs one device {float(loss_1):.5f};\n  max |CP - one device| over gradients",
     f"{err_grads:.3g}, updated parameters {err_params:.3g}",
 )
 close = abs(float(loss_cp) - float(loss_1)) < 1e-2 * abs(float(loss_1))
@@ -119,8 +121,7 @@ try:  # THD AllGather through the layer: TE refuses in its partitioner
 except Exception as err:  # noqa: BLE001 - printing TE's own error is the point
     lines = str(err).splitlines()
     te_error = [ln for ln in lines if ln.startswith(("ValueError", "AssertionError"))]
-    print(
-        f"AllGather THD through the Flax layer: {type(err).__name__} from TE's",
-        "partitioner:",
-        te_error[-1] if te_error else str(err)[:300],
-    )
+    name = type(err).__name__
+    print(f"AllGather THD through the Flax layer: {name} from TE's partitioner:")
+    message = te_error[-1] if te_error else str(err)[:300]
+    print(textwrap.fill(message, 88, initial_indent="  ", subsequent_indent="  "))

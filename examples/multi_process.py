@@ -138,8 +138,8 @@ if rank == 0:  # process 0 alone runs the one-device call, on its own device
         for n, a, b in zip(("out", "dq", "dk", "dv"), cp, one)
     }
     print(
-        f"{n} processes, THD Ring over {CP} devices, bf16: max |CP - one device|",
-        ", ".join(f"{n} {e:.3g}" for n, e in err.items()),
+        f"{n} processes, THD Ring over {CP} devices, bf16: max |CP - one device|\n  "
+        + ", ".join(f"{n} {e:.3g}" for n, e in err.items()),
         flush=True,
     )
     ok = max(err.values()) < 0.05  # bf16: a few units in the last place

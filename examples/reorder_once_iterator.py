@@ -139,9 +139,10 @@ err = max(
     for a, b in zip(jax.tree.leaves(grads_cp), jax.tree.leaves(grads_1))
 )
 print(
-    f"reorder-once iterator, Ring, cp={CP}: loss {float(loss_cp):.5f} vs one device"
-    f" {float(loss_1):.5f} (|diff| {abs(float(loss_cp - loss_1)):.2g}); max |grad diff|"
-    f" {err:.3g}; targets shifted after the reorder: {wrong} of"
+    f"reorder-once iterator, Ring, cp={CP}: max |grad diff| {err:.3g}\n"
+    f"  loss {float(loss_cp):.5f} vs one device {float(loss_1):.5f}"
+    f" (|diff| {abs(float(loss_cp - loss_1)):.2g})\n"
+    f"  targets shifted after the reorder: {wrong} of"
     f" {int(jnp.sum(cp_batch['loss_mask']))} trained tokens get a wrong target"
 )
 assert abs(float(loss_cp - loss_1)) < 1e-2 and err < 2e-2 and wrong > 0

@@ -117,7 +117,7 @@ summary = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
 print(
     f"THD AllGather, cp={CP}, stripe={STRIPE}, window={WINDOW}, bf16:",
     "max |CP - one device|",
-    summary,
 )
+print(f"  {summary}")
 if not ok:
     raise SystemExit("CP differs from one device by more than TE's bf16 tolerance")

@@ -19,15 +19,34 @@ ELSEWHERE = [
     ("thd_ring.py", 8, r"THD Ring, cp=8, stripe=1"),
 ]
 # TE's own refusal of THD AllGather through the Flax layer, which the Flax recipe executes and
-# prints
-FLAX_REFUSAL = ("AllGather THD through the Flax layer", "Striped load balancing with THD layouts")
+# prints (after its line "AllGather THD through the Flax layer: ... from TE's partitioner:"),
+# wrapped at 88 columns: the line that starts TE's message, and a phrase of that line
+FLAX_REFUSAL = (
+    "ValueError: Context parallel fused attention only supports",
+    "Dual Chunk load balancing",
+)
+
+
+def result_block(lines, says):
+    """The first line matching ``says`` and the indented lines that continue it (a recipe prints
+    its result over several lines of at most 88 characters), as one string; None if none."""
+    import re
+
+    for i, line in enumerate(lines):
+        if re.search(says, line):
+            block = [line]
+            for more in lines[i + 1 :]:
+                if not more.startswith(" "):
+                    break
+                block.append(more)
+            return "\n".join(block)
+    return None
 
 
 def check_result_lines(lines, says):
-    """The line matching ``says`` exists and reports the CP-vs-one-device difference."""
-    import re
-
-    result = [line for line in lines if re.search(says, line)]
-    assert result and "max |" in result[0], (
+    """The line matching ``says`` exists and it (with its continuation lines) reports the
+    CP-vs-one-device difference."""
+    result = result_block(lines, says)
+    assert result and "max |" in result, (
         f"no result line for {says!r} with 'max |' in:\n" + "\n".join(lines[-20:])
     )

@@ -48,7 +48,7 @@ def test_scenarios_and_counts():
 def test_table():
     counts = count_layouts(get_workload("tiny"), tile=(16, 16))
     text = balance_table(counts)._repr_markdown_()
-    assert text.startswith("**one long document**\n\n| layout | AllGather max/mean |")
+    assert text.startswith("**one long document**\n\n| layout | AG max/mean | Ring steps/mean |")
     assert text.count("**") == 2 * 3  # a table per packing
     assert text.count("\n| ") == 3 * (5 + 1)  # its header's rule and a row per layout
     first = text.split("**", 3)[2]

@@ -28,11 +28,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 RECIPES = sorted(p.name for p in EXAMPLES.glob("*.py"))
 ALLOWED_IMPORTS = {"jax", "numpy", "transformer_engine", "flax", "optax"}
+# the runner's banner: three lines of at most 88 characters (a page shows them unscrolled)
+BANNER_SCRIPT = re.compile(r"^te_on_cpu: (\S+)$")
 BANNER = re.compile(
-    r"^te_on_cpu: \S+ runs TransformerEngine 2\.20\.2 on (\d+) simulated CPU devices?$"
+    r"^te_on_cpu: it runs TransformerEngine 2\.20\.2 on (\d+) simulated CPU devices?$"
 )
 BANNER_NOTE = (
-    "  (its JAX code; CPU reference kernel in place of cuDNN; CPU numbers are not GPU numbers)"
+    " (its JAX code; CPU reference kernel in place of cuDNN; CPU numbers are not GPU numbers)"
 )
 
 
@@ -66,11 +68,13 @@ def _ok(proc, devices):
         f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
     lines = proc.stdout.splitlines()
-    banner = BANNER.match(lines[0])
-    assert banner and int(banner.group(1)) == devices, lines[0]
+    assert BANNER_SCRIPT.match(lines[0]), lines[0]
+    banner = BANNER.match(lines[1])
+    assert banner and int(banner.group(1)) == devices, lines[1]
     assert sum(bool(BANNER.match(line)) for line in lines) == 1, "exactly one banner"
-    assert lines[1] == BANNER_NOTE, lines[1]
-    return lines[2:]
+    assert lines[2] == BANNER_NOTE, lines[2]
+    assert all(len(line) <= 88 for line in lines[1:3]), lines[1:3]  # the path is the reader's
+    return lines[3:]
 
 
 # ----------------------------------------------------------------------------- the recipes are copy
@@ -149,7 +153,7 @@ QKVLayout.BSHD_BSHD_BSHD,
 """,
     )
     proc = run_script(fp32, 1)
-    assert proc.returncode != 0 and BANNER.match(proc.stdout.splitlines()[0])
+    assert proc.returncode != 0 and BANNER.match(proc.stdout.splitlines()[1])
     assert "ValueError: Unsupported backend: qkv dtype kFloat32" in proc.stderr, proc.stderr[-2000:]
     assert "cast q/k/v with .astype(jnp.bfloat16)" in proc.stderr
     norm = _script(
@@ -178,7 +182,7 @@ def test_runner_refuses_torch_clearly_and_passes_args_and_exit_status(tmp_path):
         "importlib.util.find_spec('tensorflow')\nimportlib.util.find_spec('torch')\n"
     )
     proc = run_script(_script(tmp_path, "uses_torch.py", probe + "import torch\n"), 2)
-    assert proc.returncode == 2 and BANNER.match(proc.stdout.splitlines()[0])
+    assert proc.returncode == 2 and BANNER.match(proc.stdout.splitlines()[1])
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], "one line, no traceback"
     assert "`import torch`" in proc.stderr and "transformer_engine.jax" in proc.stderr
     echo = _script(
@@ -188,7 +192,7 @@ def test_runner_refuses_torch_clearly_and_passes_args_and_exit_status(tmp_path):
         "sys.exit(int(sys.argv[-1]))\n",
     )
     proc = run_script(echo, 3, "--flag", "7")
-    assert proc.returncode == 7 and proc.stdout.splitlines()[2] == "['--flag', '7'] 3 __main__"
+    assert proc.returncode == 7 and proc.stdout.splitlines()[3] == "['--flag', '7'] 3 __main__"
     proc = run_script(tmp_path / "missing.py", 2)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 

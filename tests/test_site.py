@@ -922,6 +922,9 @@ def main(argv: list[str]) -> int:
         if problems:
             print(_format(problems))
         failed |= counts and bool(problems)
+    print("== page heights at 1280 px (hidden cells closed):")
+    for rel, res in pages.items():
+        print(f"  {res.height:7,d}  {rel}")
     return 1 if failed else 0
 
 

@@ -37,6 +37,7 @@ import json
 import pathlib
 import re
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -59,6 +60,21 @@ DEFAULT_HEAD_DIM = 8
 REQUIRED_ARRAYS = ("segment_ids", "segment_pos")
 STRATEGIES = ("allgather", "ring")
 _GIB = 1024**3
+WIDTH = 88  # the report's lines, as a terminal and the recipes page show them
+
+
+def _wrap(line: str) -> str:
+    """``line`` wrapped at :data:`WIDTH` columns, its continuation lines indented two more
+    spaces; words (paths, ``name=value``) are never broken."""
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    return textwrap.fill(
+        line.strip(),
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 @dataclasses.dataclass
@@ -94,9 +110,9 @@ class Report:
     def text(self) -> str:
         win = f", window={self.window}" if self.window else ""
         lines = [
+            f"check_layout: {self.file}: {self.batch} x {self.seq:,} tokens",
             (
-                f"check_layout: {self.file}: {self.batch} x {self.seq:,} tokens, cp={self.cp},"
-                f" strategy={self.strategy}, stripe={self.stripe}{win},"
+                f"  cp={self.cp}, strategy={self.strategy}, stripe={self.stripe}{win},"
                 f" max_segments_per_seq={self.max_segments}"
             ),
             (
@@ -144,7 +160,7 @@ class Report:
                 lines.append(f"  rule broken: {self.validator}")
             if self.fix:
                 lines.append(f"  fix: {self.fix}")
-        return "\n".join(lines)
+        return "\n".join(_wrap(line) for line in lines)
 
 
 # ----------------------------------------------------------------------------- reading the reader's

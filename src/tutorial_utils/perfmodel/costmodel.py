@@ -8,10 +8,10 @@ parameters as there are measurements to fit them on. It then reports *why* a str
 misses the ideal ``cp``-fold speedup, as an additive breakdown::
 
     predicted = ideal (single / cp)
-              + fragmentation  (extra tiles the CP layout touches; stripe-1 AllGather most)
-              + imbalance      (the slowest rank, or each ring step's slowest rank, vs the mean)
-              + cp_overhead    (the fitted CP efficiency loss: what the counts do not explain)
-              + comm_exposed   (transfer time not hidden under compute)
+      + fragmentation (extra tiles the CP layout touches; stripe-1 AllGather most)
+      + imbalance     (the slowest rank, or each ring step's slowest rank, vs the mean)
+      + cp_overhead   (the fitted CP efficiency loss: what the counts do not explain)
+      + comm_exposed  (transfer time not hidden under compute)
 
 How the model works:
 

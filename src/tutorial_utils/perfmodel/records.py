@@ -113,8 +113,8 @@ def validate_record(record: Any) -> None:
           "schema": "cp-bench/1",
           "source": one of SOURCES ("cpu-te", "gpu", "published", ...),
           "label": "short human-readable name",
-          "created": "2026-11-29T07:30:00+00:00",    # ISO 8601; optional for "published"
-          "hardware": {...},                          # free-form, e.g. runtime.environment_record()
+          "created": "2026-11-29T07:30:00+00:00",  # ISO 8601; optional for "published"
+          "hardware": {...},  # free-form, e.g. runtime.environment_record()
           "config": {"batch", "seq_len", "num_q_heads", "num_kv_heads", "head_dim",
                      "dtype", "cp_size", "window" (optional), ...},
           "timing": {"warmup_iters", "timing_iters", "compile_excluded"},   # optional

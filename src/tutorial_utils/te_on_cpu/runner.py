@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     """``python -m tutorial_utils.te_on_cpu [--devices N] script.py [args...]``.
 
     Sets the CPU platform and device count before JAX starts a backend, installs the stand-in,
-    prints one banner line, then runs the script with ``runpy`` as ``__main__``. The script's
+    prints a three-line banner (the script; TE's version and the device count; what runs in
+    place of cuDNN), then runs the script with ``runpy`` as ``__main__``. The script's
     exit status is the runner's.
     """
     import runpy
@@ -133,9 +134,10 @@ def main(argv=None) -> int:
         _CHILD_MARK
     ):  # processes a script starts with the same command line stay quiet
         plural = "s" if ns.devices != 1 else ""
-        print(  # two short lines: a page shows them without scrolling
-            f"te_on_cpu: {ns.script} runs TransformerEngine {version} on {ns.devices} simulated"
-            f" CPU device{plural}\n  ({BACKEND_DESCRIPTION}; CPU numbers are not GPU numbers)",
+        print(  # three short lines (at most 88 characters): a page shows them without scrolling
+            f"te_on_cpu: {ns.script}\n"
+            f"te_on_cpu: it runs TransformerEngine {version} on {ns.devices} simulated"
+            f" CPU device{plural}\n ({BACKEND_DESCRIPTION}; CPU numbers are not GPU numbers)",
             flush=True,
         )
     os.environ[_CHILD_MARK] = "1"
