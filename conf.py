@@ -27,10 +27,19 @@ PACKAGE = SRC / "tutorial_utils"
 
 # The package is installed editable, but make ``src/`` importable for autodoc and for the
 # kernels even when it is not (e.g. a plain checkout with only the docs dependencies).
-sys.path.insert(0, str(SRC))
+# devtools/ goes on the kernels' path too: its sitecustomize.py lets each page's processes record
+# their cost (devtools/page_stats.py) for the table printed at the end.
+DEVTOOLS = ROOT / "devtools"
+sys.path[:0] = [str(SRC), str(DEVTOOLS)]
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in [str(SRC), os.environ.get("PYTHONPATH", "")] if p
+    dict.fromkeys(
+        p
+        for p in [str(SRC), str(DEVTOOLS), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+        if p
+    )
 )
+import docs_execute  # noqa: E402  (devtools/: runs the notebooks side by side, then reports)
+
 from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
 from tutorial_utils.pages import run_status  # noqa: E402  (imports no JAX)
 
@@ -104,6 +113,11 @@ _CACHE_KEY = "-".join(
 # touches the reader's _build/ and its notebook cache.
 BUILD_DIR = Path(os.environ.get("CP_TUTORIAL_BUILD_DIR", ROOT / "_build"))
 nb_execution_cache_path = str(BUILD_DIR / f".jupyter_cache-{_CACHE_KEY}")
+if not gpu_present():
+    # One XLA compilation cache for the build's kernels and the processes they start, in the
+    # build folder (a clean build starts it empty): pages and recipes compile many of the same
+    # programs. Its key is the one devtools/compile_cache.py makes safe for TE's CP programs.
+    os.environ.setdefault("TUTORIAL_COMPILE_CACHE_DIR", str(BUILD_DIR / ".xla-cache"))
 nb_execution_raise_on_error = True
 nb_execution_allow_errors = False
 nb_execution_timeout = 600
@@ -287,48 +301,14 @@ def _copy_notebooks(app, exception):
         shutil.copy2(notebook, target / notebook.name)
 
 
-def _page_times(app, exception):
-    """Print and write each page's execution time (``_build/page-times.json``).
-
-    Why: ``make docs`` is the reader's first command and Read the Docs' build; the table says
-    which pages it spends its time on. Pages taken from the execution cache are listed as such.
-    """
-    if exception is not None or app.builder.format != "html":
-        return
-    import json
-    import resource
-
-    meta = getattr(app.env, "nb_metadata", {})
-    rows = []
-    for docname in sorted(meta):
-        data = meta[docname].get("exec_data") or {}
-        if data:
-            rows.append(
-                {"page": docname, "seconds": round(data.get("runtime") or 0.0, 1),
-                 "method": data.get("method"), "succeeded": data.get("succeeded")}
-            )  # fmt: skip
-    rows.sort(key=lambda r: -r["seconds"])
-    kernels_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    report = {
-        "pages": rows,
-        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
-        "peak_kernel_rss_mib": round(kernels_kib / 1024),
-        "peak_builder_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    }
-    (Path(app.outdir).parent / "page-times.json").write_text(json.dumps(report, indent=2))
-    print("page execution times (s):")
-    for r in rows:
-        print(f"  {r['seconds']:7.1f}  {r['page']}  ({r['method']})")
-    print(
-        f"  {report['total_seconds']:7.1f}  in all; peak memory: largest kernel"
-        f" {report['peak_kernel_rss_mib']} MiB, the builder {report['peak_builder_rss_mib']} MiB"
-    )
-
-
 def setup(app):
     app.connect("html-page-context", _notebook_link)
     app.connect("build-finished", _copy_notebooks)
-    app.connect("build-finished", _page_times)
+    # Notebooks run side by side before the read; each page's time, CPU, compiles and memory
+    # are printed at the end and written to _build/page-times.json (devtools/docs_execute.py).
+    app.connect("env-before-read-docs", docs_execute.execute_outdated)
+    app.connect("source-read", docs_execute.page_being_read)
+    app.connect("build-finished", docs_execute.report)
     app.connect("source-read", _api_source)
     app.connect("source-read", _run_status_box)
     app.connect("autodoc-process-docstring", _te_docstring)

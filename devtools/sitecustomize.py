@@ -1,7 +1,8 @@
 """Python runs this at the start of every process whose path holds ``devtools/``: the test
-suite's processes (``tests/conftest.py`` puts the folder on ``PYTHONPATH``) and the site build
-of ``make docs``. It turns on the run's own settings (:mod:`run_hooks`) only where the run's
-variables are set; a reader's processes never load it."""
+suite's processes (``tests/conftest.py`` puts the folder on ``PYTHONPATH``) and the notebook
+kernels of a site build (``conf.py`` does the same). It turns on the run's own settings
+(:mod:`run_hooks`) only where the run's variables are set, and a page's cost accounting
+(:mod:`page_stats`) only where ``CP_PAGE_STATS`` is set; otherwise it does nothing."""
 
 import os
 
@@ -12,3 +13,8 @@ if any(
     import run_hooks
 
     run_hooks.install()
+
+if os.environ.get("CP_PAGE_STATS"):
+    import page_stats
+
+    page_stats.install()

@@ -1,0 +1,258 @@
+"""Execute the site's notebooks side by side before Sphinx reads them, and measure each page.
+
+Why: myst-nb executes a notebook while Sphinx reads it, and Sphinx reads one page at a time
+(``-j`` does not help: not every extension declares parallel reading safe), so a clean
+``make docs`` used one core of two. Here every page that myst-nb would execute (a miss in its
+jupyter-cache) runs first, several at once, longest first (by the previous build's times), with
+myst-nb's own reader, jupyter-cache's ``single_nb_execution`` and myst-nb's settings (working
+directory, timeout, errors not allowed). Each result goes into myst-nb's cache, as myst-nb
+itself stores it, and Sphinx then reads every page from there. Every page is still executed in
+this build; only the order changes. A page that fails here is not cached: Sphinx executes it
+again and reports its error as it always does.
+
+Pages marked ``execution_mode: force`` are left to Sphinx (they must run at every build).
+
+Each page's kernel and the processes it starts write their CPU, peak memory and XLA compiles to
+``_build/page-stats/<page>.jsonl`` (:mod:`page_stats`); :func:`report` prints the table.
+
+``CP_DOCS_JOBS`` sets the number of pages at once (default: the CPUs, at most one per
+:data:`GIB_PER_PAGE` of memory). The order comes from the last build's ``page-times.json`` or,
+after ``make docs-clean``, from ``page_costs.json`` next to this file (seconds on a 2-core
+machine; ``python devtools/docs_execute.py`` refreshes it from the last build). Only the order
+depends on it: a page missing there runs first.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import page_stats
+
+# The largest page's kernel peaks near 3.2 GiB (chapter 3's long-sequence call; page_stats).
+GIB_PER_PAGE = 3.5
+STATS_DIR = "page-stats"
+TIMES_FILE = "page-times.json"
+COSTS = Path(__file__).with_name("page_costs.json")
+FORCED = re.compile(r"^\s*execution_mode:\s*force\s*$", re.MULTILINE)  # in a page's front matter
+
+
+def jobs() -> int:
+    """Pages at once: ``CP_DOCS_JOBS``, or the CPUs this process may use, capped by memory."""
+    env = os.environ.get("CP_DOCS_JOBS")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"CP_DOCS_JOBS={env!r}: give a whole number of pages at once, >= 1")
+        return int(env)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        available = GIB_PER_PAGE * (cpus or 1)
+    return max(1, min(cpus or 1, int(available // GIB_PER_PAGE)))
+
+
+def _stats_file(build_dir: Path, docname: str) -> Path:
+    return build_dir / STATS_DIR / (docname.replace("/", "__") + ".jsonl")
+
+
+def _execute(path: str, cwd: str, timeout, nb_json: str, stats: str) -> dict:
+    """In a worker process: execute one notebook as myst-nb would (its kernel records itself
+    in ``stats``)."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    os.environ[page_stats.ENV] = stats
+    nb = nbformat.reads(nb_json, as_version=4)
+    result = single_nb_execution(
+        nb, cwd=cwd, allow_errors=False, timeout=timeout, meta_override=True
+    )
+    error = None if result.err is None else f"{type(result.err).__name__}: {result.err}"
+    return {"nb": nbformat.writes(nb), "seconds": result.time, "error": error}
+
+
+def _executed_ahead(app) -> set:
+    """The pages this build executed ahead of Sphinx's read."""
+    if not hasattr(app, "_cp_executed_ahead"):
+        app._cp_executed_ahead = set()
+    return app._cp_executed_ahead
+
+
+def _build_start(app) -> float:
+    if not hasattr(app, "_cp_build_start"):
+        app._cp_build_start = time.time()
+    return app._cp_build_start
+
+
+def _last_times(build_dir: Path) -> dict:
+    try:
+        rows = json.loads((build_dir / TIMES_FILE).read_text())["pages"]
+        return {r["page"]: r["seconds"] for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def expected_seconds(build_dir: Path) -> dict:
+    """Each page's expected time: the last build's, else the committed table's."""
+    try:
+        costs = json.loads(COSTS.read_text())
+    except (OSError, ValueError):
+        costs = {}
+    return {**costs, **_last_times(build_dir)}
+
+
+def execute_outdated(app, env, docnames) -> None:
+    """Sphinx ``env-before-read-docs``: run the notebooks among ``docnames`` that myst-nb's cache
+    lacks, :func:`jobs` at a time, and cache them for myst-nb."""
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from myst_nb.core.read import create_nb_reader
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+    _build_start(app)
+    env = app.env
+    nb_config = env.mystnb_config
+    if nb_config.execution_mode != "cache":
+        return
+    build_dir = Path(nb_config.execution_cache_path).parent
+    stats_dir = build_dir / STATS_DIR
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    cache = get_cache(nb_config.execution_cache_path)
+
+    todo = []
+    for docname in docnames:
+        path = Path(env.doc2path(docname))
+        text = path.read_text(encoding="utf-8")
+        reader = create_nb_reader(str(path), env.myst_config, nb_config, text)
+        if reader is None:
+            continue  # a plain Markdown page
+        nb = reader.read(text)
+        overrides = dict(nb.metadata.get(nb_config.metadata_key, {}))
+        if overrides.get("execution_mode", nb_config.execution_mode) != "cache":
+            continue  # forced pages run inside Sphinx, as configured
+        try:
+            cache.match_cache_notebook(nb)
+            continue  # already executed in an earlier build
+        except KeyError:
+            pass
+        timeout = overrides.get("execution_timeout", nb_config.execution_timeout)
+        todo.append((docname, path, nb, timeout))
+    if not todo:
+        return
+
+    expected = expected_seconds(build_dir)
+    todo.sort(key=lambda t: -expected.get(t[0], float("inf")))  # longest (or unknown) first
+    workers = min(jobs(), len(todo))
+    logger.info(f"executing {len(todo)} notebooks, {workers} at a time")
+    start = time.perf_counter()
+    # spawned, not forked: a worker inherits nothing of Sphinx's process or the cache's database
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+        futures = {}
+        for docname, path, nb, timeout in todo:
+            stats = _stats_file(build_dir, docname)
+            stats.unlink(missing_ok=True)
+            future = pool.submit(
+                _execute, str(path), str(path.parent), timeout, nbformat.writes(nb), str(stats)
+            )
+            futures[future] = (docname, path)
+        for future in as_completed(futures):
+            docname, path = futures[future]
+            result = future.result()
+            if result["error"] is not None:
+                logger.info(
+                    f"{docname}: failed when executed ahead of the read ({result['error']});"
+                    " Sphinx executes it again and reports the error"
+                )
+                continue
+            executed = nbformat.reads(result["nb"], as_version=4)
+            cache.cache_notebook_bundle(
+                CacheBundleIn(executed, str(path), data={"execution_seconds": result["seconds"]}),
+                check_validity=False,
+                overwrite=True,
+            )
+            _executed_ahead(app).add(docname)
+            logger.info(f"{docname}: executed in {result['seconds']:.1f} s")
+    logger.info(f"executed {len(todo)} notebooks in {time.perf_counter() - start:.1f} s")
+
+
+def page_being_read(app, docname, source) -> None:
+    """Sphinx ``source-read``: a page Sphinx itself executes (a forced page, or one that failed
+    ahead of the read) records its processes in its own stats file too."""
+    build_dir = Path(app.env.mystnb_config.execution_cache_path).parent
+    stats = _stats_file(build_dir, docname)
+    (build_dir / STATS_DIR).mkdir(parents=True, exist_ok=True)
+    if FORCED.search(source[0][:2000]):
+        stats.unlink(missing_ok=True)  # executed at every read: this build's figures only
+    os.environ[page_stats.ENV] = str(stats)
+
+
+def report(app, exception) -> None:
+    """Sphinx ``build-finished``: print each executed page's time, CPU, compiles and peak memory,
+    and write them to ``_build/page-times.json``."""
+    if exception is not None or app.builder.format != "html":
+        return
+    build_dir = Path(app.env.mystnb_config.execution_cache_path).parent
+    rows = []
+    for docname, meta in sorted(getattr(app.env, "nb_metadata", {}).items()):
+        data = meta.get("exec_data") or {}
+        if not data:
+            continue
+        row = {"page": docname, "seconds": round(data.get("runtime") or 0.0, 1)}
+        if docname not in _executed_ahead(app) and (data.get("mtime") or 0) < _build_start(app):
+            row["executed"] = "in an earlier build (cached)"
+        stats = _stats_file(build_dir, docname)
+        row.update(page_stats.summarize(stats) if stats.exists() else {})
+        rows.append(row)
+    rows.sort(key=lambda r: -r["seconds"])
+    report_ = {
+        "pages": rows,
+        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
+        "peak_rss_mib": max((r.get("peak_rss_mib", 0) for r in rows), default=0),
+        "jobs": jobs(),
+    }
+    (build_dir / TIMES_FILE).write_text(json.dumps(report_, indent=2) + "\n")
+    print(
+        "page execution: s = the page's time; cpu s = its processes' CPU; compiles = XLA's,"
+        " with their seconds; cached = programs the build's compile cache supplied; MiB = the"
+        " largest process's peak memory"
+    )
+    print(
+        f"  {'s':>6} {'cpu s':>6} {'procs':>5} {'compiles':>8} {'compile s':>9} {'cached':>6}"
+        f" {'MiB':>6}  page"
+    )
+    for r in rows:
+        print(
+            f"  {r['seconds']:6.1f} {r.get('cpu_s', 0):6.1f} {r.get('processes', 0):5d}"
+            f" {r.get('compiles', 0):8d} {r.get('compile_s', 0):9.1f}"
+            f" {r.get('cache_hits', 0):6d} {r.get('peak_rss_mib', 0):6d}  {r['page']}"
+            + (" (executed in an earlier build)" if "executed" in r else "")
+        )
+    print(
+        f"  {report_['total_seconds']:6.1f} s in all, {report_['jobs']} pages at a time;"
+        f" the largest process peaked at {report_['peak_rss_mib']} MiB"
+    )
+
+
+def refresh_costs(build_dir: Path) -> dict:
+    """Write the last build's page times into :data:`COSTS`; return them."""
+    costs = _last_times(build_dir)
+    if not costs:
+        raise SystemExit(f"no page times in {build_dir / TIMES_FILE}: run `make docs` first")
+    ordered = dict(sorted(costs.items(), key=lambda kv: -kv[1]))
+    COSTS.write_text(json.dumps(ordered, indent=2) + "\n")
+    return ordered
+
+
+if __name__ == "__main__":
+    import sys
+
+    build = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "_build"
+    print(json.dumps(refresh_costs(build), indent=2))

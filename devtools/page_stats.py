@@ -1,0 +1,122 @@
+"""What one page of the site build costs: each process's CPU, peak memory and XLA compiles.
+
+Why: ``make docs`` prints a table of pages (``devtools/docs_execute.py``), and a page's time
+alone does not say whether it goes to compiling, to running or to starting processes. A page's
+kernel and every Python process it starts (the recipes page runs scripts) load this module
+through ``sitecustomize.py`` when ``CP_PAGE_STATS`` names a file. Each appends one JSON line at
+exit: its CPU seconds, its peak resident memory, and the number and seconds of XLA's backend
+compiles (JAX's own ``/jax/core/compile/backend_compile_duration`` event).
+
+Standard library only until JAX is imported by the page itself: importing JAX here would start
+it before a page has set its device count.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
+
+ENV = "CP_PAGE_STATS"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+_compiles = {"n": 0, "s": 0.0, "hits": 0}
+
+
+def _on_duration(event: str, seconds: float, **_kw) -> None:
+    if event == COMPILE_EVENT:
+        _compiles["n"] += 1
+        _compiles["s"] += seconds
+
+
+def _on_event(event: str, **_kw) -> None:
+    if event == CACHE_HIT_EVENT:
+        _compiles["hits"] += 1
+
+
+def _after_jax(_module) -> None:
+    from jax import monitoring
+
+    monitoring.register_event_duration_secs_listener(_on_duration)
+    monitoring.register_event_listener(_on_event)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Register the listener once ``jax`` has been imported by someone else."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "jax":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            try:
+                _after_jax(module)
+            except Exception:  # noqa: BLE001 - statistics must never break a page
+                pass
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def _write(path: str, started: float) -> None:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    record = {
+        "pid": os.getpid(),
+        "argv": sys.argv[:4],
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "wall_s": round(time.time() - started, 2),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024),
+        "compiles": _compiles["n"],
+        "compile_s": round(_compiles["s"], 2),
+        "cache_hits": _compiles["hits"],
+    }
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass
+
+
+def install() -> None:
+    """Record this process (once) in the file ``CP_PAGE_STATS`` names."""
+    path = os.environ.get(ENV)
+    if not path or getattr(sys, "_cp_page_stats", False):
+        return
+    sys._cp_page_stats = True
+    atexit.register(_write, path, time.time())
+    if "jax" in sys.modules:
+        _after_jax(sys.modules["jax"])
+    else:
+        sys.meta_path.insert(0, _AfterImport())
+
+
+def summarize(path) -> dict:
+    """One page's totals from its file: processes, CPU, compiles, compile seconds, and the
+    largest peak memory of any one of its processes."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        pass
+    return {
+        "processes": len(rows),
+        "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+        "compiles": sum(r["compiles"] for r in rows),
+        "compile_s": round(sum(r["compile_s"] for r in rows), 1),
+        "cache_hits": sum(r.get("cache_hits", 0) for r in rows),
+        "peak_rss_mib": max((r["peak_rss_mib"] for r in rows), default=0),
+    }
