@@ -1,7 +1,8 @@
 """Execute one chapter with N simulated CPU devices and print its text outputs as JSON.
 
 Run as a script (``python tests/notebook_runner.py N 04_striped_load_balancing``) so that the
-device count is fixed before JAX starts in the kernel, whatever the calling process did.
+device count is fixed before JAX starts in the kernel, whatever the calling process did. A name
+with a folder (``docs/te_cp_rules``) is a page outside ``notebooks/``.
 """
 
 import json
@@ -16,12 +17,13 @@ def main(devices: int, name: str) -> None:
     import jupytext
     import nbclient
 
-    nb = jupytext.read(ROOT / "notebooks" / f"{name}.md")
+    source = ROOT / (f"{name}.md" if "/" in name else f"notebooks/{name}.md")
+    nb = jupytext.read(source)
     nbclient.NotebookClient(
         nb,
         timeout=900,
         kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+        resources={"metadata": {"path": str(source.parent)}},
     ).execute()
     texts = []
     for cell in nb.cells:

@@ -1,4 +1,5 @@
-"""Chapters 4, 5a and 5b on 1, 2 and 8 simulated devices (the site is built with 4), with TE's code.
+"""Chapters 4, 5a, 5b and the TE CP rules page on 1, 2 and 8 simulated devices (the site is
+built with 4), with TE's code.
 
 The CP size follows the devices (``workload_for_devices``), every reorder uses it, and each
 page says what it did: a single device runs without CP and says so, two devices have no room
@@ -59,11 +60,17 @@ def _run(devices: int, chapter: str, tmp_path) -> str:
     return "\n".join(json.loads(proc.stdout.strip().splitlines()[-1])["outputs"])
 
 
-# In CI: one device (no CP) for chapter 4, eight for chapters 5a and 5b (2 x 4 for dp x cp,
-# Ulysses skipped); the site build covers four. CP_DEVICE_COUNTS=all runs them at 1, 2 and 8.
-_CHAPTERS = ("04_striped_load_balancing", "05a_cp_algorithms", "05b_te_cp_runs")
+# In CI: one device (no CP) for chapter 4, eight for chapters 5a and 5b (Ulysses skipped) and
+# the rules page (2 x 4 for dp x cp); the site build covers four. CP_DEVICE_COUNTS=all runs
+# them at 1, 2 and 8.
+_CHAPTERS = ("04_striped_load_balancing", "05a_cp_algorithms", "05b_te_cp_runs", "docs/te_cp_rules")
 _ALL = [(c, n) for c in _CHAPTERS for n in (1, 2, 8)]
-_CI = [("04_striped_load_balancing", 1), ("05a_cp_algorithms", 8), ("05b_te_cp_runs", 8)]
+_CI = [
+    ("04_striped_load_balancing", 1),
+    ("05a_cp_algorithms", 8),
+    ("05b_te_cp_runs", 8),
+    ("docs/te_cp_rules", 8),
+]
 
 
 @pytest.mark.slow
@@ -76,13 +83,13 @@ def test_chapter_runs_and_says_what_it_did(chapter, devices, tmp_path):
     assert "TransformerEngine 2.20.2 (its JAX code; CPU reference kernel in place of cuDNN)" in text
     if devices == 1:
         assert "Only one device, so CP size 1" in text
-    if chapter.startswith("05b"):
+    if chapter == "docs/te_cp_rules":
         mesh = {1: "dp=1, cp=1", 2: "dp=1, cp=2", 8: "dp=2, cp=4"}[devices]
         assert f"(strategy ({mesh})" in text or f"strategy ({mesh})" in text
         if devices < 4:
             assert "too few for data and context parallelism together" in text
-        if devices == 8:
-            assert "ulysses   skipped: 4 KV heads cannot be split over cp=8 devices" in text
+    if chapter.startswith("05b") and devices == 8:
+        assert "ulysses   skipped: 4 KV heads cannot be split over cp=8 devices" in text
 
 
 def test_facade_refuses_data_reordered_for_another_cp_size():

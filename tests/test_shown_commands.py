@@ -469,6 +469,11 @@ HANDLED: dict[str, object] = {
     "python -m tutorial_utils.cli.plan --preset seed --hardware H200": Run(
         "cheap: a cost model", check=_check_plan, timeout=120
     ),
+    # ---- docs/performance.md: the advisor on a shape of your own
+    "python -m tutorial_utils.cli.plan --batch 1 --seq-len 262144 --q-heads 32 --kv-heads 8"
+    " --segments 1 --valid 262144 --window -1 0 --cp 8 --hardware H200 --compact": Run(
+        "cheap: a cost model", check=_check_plan, timeout=120
+    ),
     "python -m tutorial_utils.cli.bench --preset cpu": Run(
         "1 window, 1 AllGather stripe, 1 iteration; 4 simulated devices as bench sets them up",
         append=_SMALL_BENCH,
@@ -570,7 +575,9 @@ HANDLED: dict[str, object] = {
         timeout=500,
         check=lambda proc, tmp: (
             {}
-            if proc.stdout.startswith("te_on_cpu: examples/thd_ring.py runs TransformerEngine")
+            if proc.stdout.startswith(
+                "te_on_cpu: examples/thd_ring.py\nte_on_cpu: it runs TransformerEngine"
+            )
             else pytest.fail(proc.stdout[-2000:])
         ),
     ),

@@ -1,4 +1,4 @@
-"""Plumbing for the chapters that run context parallelism (chapters 5a and 5b).
+"""Plumbing for the pages that run context parallelism (chapters 5a and 5b, TE's CP rules).
 
 A chapter page should show only the code a reader copies into a model (the reorder, the mesh
 and shardings, the ``fused_attn`` call, the compiled step); the bookkeeping around it (the
@@ -9,6 +9,7 @@ tested.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,9 @@ __all__ = [
     "ErrorTable",
     "error_table",
     "ulysses_step",
+    "striped",
+    "shard_inputs",
+    "te_cp_step",
     "repo_root",
     "records_dir",
     "timing_results",
@@ -57,9 +61,9 @@ def thd_attention(workload, *, is_training: bool = True):
     def attention(qkv, seq_desc, **cp_kwargs):
         return fused_attn(
             qkv,
-            None,
-            seq_desc,
-            None,
+            bias=None,
+            sequence_descriptor=seq_desc,
+            seed=None,
             attn_bias_type=AttnBiasType.NO_BIAS,
             attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
             qkv_layout=QKVLayout.THD_THD_THD,
@@ -197,6 +201,76 @@ def ulysses_step(
     return jax.jit(
         jax.value_and_grad(loss, has_aux=True),
         in_shardings=((x4, x4, x4), tok, tok, x4),
+        out_shardings=((None, x4), (x4, x4, x4)),
+    )
+
+
+def striped(x, stripe_size: int, cp_size: int, *, inverse: bool = False):
+    """TE's striped reorder of a ``[batch, seq, ...]`` array (or its inverse), jitted once per
+    shape: ``reorder_causal_load_balancing`` with ``ReorderStrategy.Striped``, ``seq_dim=1``."""
+    return _striped(x, stripe_size, cp_size, inverse)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _striped(x, stripe_size, cp_size, inverse):
+    from tutorial_utils.te.attention import (
+        ReorderStrategy,
+        inverse_reorder_causal_load_balancing,
+        reorder_causal_load_balancing,
+    )
+
+    reorder = inverse_reorder_causal_load_balancing if inverse else reorder_causal_load_balancing
+    return reorder(
+        x,
+        strategy=ReorderStrategy.Striped,
+        cp_size=cp_size,
+        seq_dim=1,
+        stripe_size=stripe_size,
+    )
+
+
+def shard_inputs(
+    arrays, mesh, stripe_size: int, *, batch_axis: str | None = None, axis_name: str = "cp"
+):
+    """``((q, k, v), segment_ids, segment_pos, dout)`` in natural order, striped for the mesh's
+    CP size and placed: Q, K, V, dO ``P(batch_axis, axis_name, None, None)``, the ids and
+    positions ``P(batch_axis, axis_name)`` (chapter 5b's placement)."""
+    cp_size = mesh.shape[axis_name]
+    x4 = NamedSharding(mesh, P(batch_axis, axis_name, None, None))
+    tok = NamedSharding(mesh, P(batch_axis, axis_name))
+
+    def put(x, where):
+        return jax.device_put(striped(x, stripe_size, cp_size), where)
+
+    qkv, ids, pos, dout = arrays
+    return tuple(put(x, x4) for x in qkv), put(ids, tok), put(pos, tok), put(dout, x4)
+
+
+def te_cp_step(workload, strategy, stripe_size: int, args, *, axis_name: str = "cp"):
+    """Compiled forward+backward of TE's CP ``fused_attn`` (chapter 5b's step), called as
+    ``step(*args)`` on :func:`shard_inputs`' output; returns ``((loss, output), (dQ, dK, dV))``
+    with the output and gradients sharded like Q. Run it inside ``jax.set_mesh`` and
+    ``te.autocast(mesh_resource=...)``."""
+    from tutorial_utils.te.attention import SequenceDescriptor
+
+    attention = thd_attention(workload)
+
+    def loss(qkv, segment_ids, segment_pos, dout):
+        desc = SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos)
+        out = attention(
+            qkv,
+            desc,
+            context_parallel_strategy=strategy,
+            context_parallel_causal_load_balanced=True,
+            context_parallel_axis=axis_name,
+            stripe_size=stripe_size,
+        )
+        return jnp.vdot(out.astype(jnp.float32), dout.astype(jnp.float32)), out
+
+    x4 = args[0][0].sharding
+    return jax.jit(
+        jax.value_and_grad(loss, has_aux=True),
+        in_shardings=jax.tree.map(lambda x: x.sharding, args),
         out_shardings=((None, x4), (x4, x4, x4)),
     )
 
