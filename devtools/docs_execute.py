@@ -15,11 +15,15 @@ Pages marked ``execution_mode: force`` are left to Sphinx (they must run at ever
 Each page's kernel and the processes it starts write their CPU, peak memory and XLA compiles to
 ``_build/page-stats/<page>.jsonl`` (:mod:`page_stats`); :func:`report` prints the table.
 
-``CP_DOCS_JOBS`` sets the number of pages at once (default: the CPUs, at most one per
-:data:`GIB_PER_PAGE` of memory). The order comes from the last build's ``page-times.json`` or,
-after ``make docs-clean``, from ``page_costs.json`` next to this file (seconds on a 2-core
-machine; ``python devtools/docs_execute.py`` refreshes it from the last build). Only the order
-depends on it: a page missing there runs first.
+``CP_DOCS_JOBS`` sets the number of pages at once (default: :func:`jobs`, one more than the
+CPUs: on 2 cores, three pages at once built the site in 154 s, two in 179 s). The order comes
+from the last build's ``page-times.json`` or, after ``make docs-clean``, from
+``page_costs.json`` next to this file (seconds on a 2-core machine; ``python
+devtools/docs_execute.py`` refreshes it from the last build). Only the order depends on it: a
+page missing there runs first.
+
+:func:`report` checks a clean build against :data:`BUDGET_CPU_S`; ``tests/test_site.py``
+fails when its clean build is over.
 """
 
 from __future__ import annotations
@@ -34,27 +38,61 @@ from pathlib import Path
 
 import page_stats
 
-# The largest page's kernel peaks near 3.2 GiB (chapter 3's long-sequence call; page_stats).
+# The largest page's kernel peaks near 3.2 GiB (chapter 3's oracle check; page_stats).
 GIB_PER_PAGE = 3.5
+# The budget of a clean build: the pages' processes may use this many CPU seconds in all.
+# Measured on the 2-core reference machine, idle, on 2026-12-03: 288 s with two pages at once,
+# 256 s with three; 360 s is the larger plus 25% for machine noise. CPU seconds, not each
+# page's wall time: a page's wall time depends on what runs beside it, its CPU much less.
+BUDGET_CPU_S = 360
 STATS_DIR = "page-stats"
 TIMES_FILE = "page-times.json"
 COSTS = Path(__file__).with_name("page_costs.json")
 FORCED = re.compile(r"^\s*execution_mode:\s*force\s*$", re.MULTILINE)  # in a page's front matter
 
 
+def available_memory_gib() -> float:
+    """Memory this build may still use: the host's ``MemAvailable``, or less under a cgroup
+    limit (a container, a CI runner, Read the Docs' builders)."""
+    host = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                host = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    limits = [host] if host else []
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            if limit.isdigit() and int(limit) < 2**60:
+                limits.append(int(limit) - int(Path(usage_file).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return min(limits) / 2**30 if limits else float("inf")
+
+
 def jobs() -> int:
-    """Pages at once: ``CP_DOCS_JOBS``, or the CPUs this process may use, capped by memory."""
+    """Pages at once: ``CP_DOCS_JOBS``, else one more than the CPUs this process may use
+    (a page waits part of the time: its kernel starting, its scripts starting, a cell's output
+    on its way), at most one per :data:`GIB_PER_PAGE` of available memory, and at least one."""
     env = os.environ.get("CP_DOCS_JOBS")
     if env:
         if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"CP_DOCS_JOBS={env!r}: give a whole number of pages at once, >= 1")
+            raise ValueError(
+                f"CP_DOCS_JOBS={env!r}: give a whole number of pages to execute at once (1 or"
+                " more), or unset it to let the build choose"
+            )
         return int(env)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (ValueError, OSError, AttributeError):
-        available = GIB_PER_PAGE * (cpus or 1)
-    return max(1, min(cpus or 1, int(available // GIB_PER_PAGE)))
+    by_memory = available_memory_gib() // GIB_PER_PAGE
+    return int(max(1, min((cpus or 1) + 1, by_memory)))
 
 
 def _stats_file(build_dir: Path, docname: str) -> Path:
@@ -194,6 +232,25 @@ def page_being_read(app, docname, source) -> None:
     os.environ[page_stats.ENV] = str(stats)
 
 
+def summarize(rows: list, budget_cpu_s: float = BUDGET_CPU_S) -> dict:
+    """The build's table from its page rows (``page``, ``seconds``, and from :mod:`page_stats`
+    ``cpu_s``, ``peak_rss_mib``...; ``executed`` on a page taken from an earlier build), with
+    the budget verdict: ``within_budget`` is None unless every page ran in this build."""
+    rows = sorted(rows, key=lambda r: -r["seconds"])
+    clean = bool(rows) and not any("executed" in r for r in rows)
+    cpu = round(sum(r.get("cpu_s", 0.0) for r in rows), 1)
+    return {
+        "pages": rows,
+        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
+        "cpu_s": cpu,
+        "peak_rss_mib": max((r.get("peak_rss_mib", 0) for r in rows), default=0),
+        "jobs": jobs(),
+        "clean_build": clean,
+        "budget_cpu_s": budget_cpu_s,
+        "within_budget": (cpu <= budget_cpu_s) if clean else None,
+    }
+
+
 def report(app, exception) -> None:
     """Sphinx ``build-finished``: print each executed page's time, CPU, compiles and peak memory,
     and write them to ``_build/page-times.json``."""
@@ -211,13 +268,8 @@ def report(app, exception) -> None:
         stats = _stats_file(build_dir, docname)
         row.update(page_stats.summarize(stats) if stats.exists() else {})
         rows.append(row)
-    rows.sort(key=lambda r: -r["seconds"])
-    report_ = {
-        "pages": rows,
-        "total_seconds": round(sum(r["seconds"] for r in rows), 1),
-        "peak_rss_mib": max((r.get("peak_rss_mib", 0) for r in rows), default=0),
-        "jobs": jobs(),
-    }
+    report_ = summarize(rows)
+    clean, cpu = report_["clean_build"], report_["cpu_s"]
     (build_dir / TIMES_FILE).write_text(json.dumps(report_, indent=2) + "\n")
     print(
         "page execution: s = the page's time; cpu s = its processes' CPU; compiles = XLA's,"
@@ -228,7 +280,7 @@ def report(app, exception) -> None:
         f"  {'s':>6} {'cpu s':>6} {'procs':>5} {'compiles':>8} {'compile s':>9} {'cached':>6}"
         f" {'MiB':>6}  page"
     )
-    for r in rows:
+    for r in report_["pages"]:
         print(
             f"  {r['seconds']:6.1f} {r.get('cpu_s', 0):6.1f} {r.get('processes', 0):5d}"
             f" {r.get('compiles', 0):8d} {r.get('compile_s', 0):9.1f}"
@@ -239,6 +291,12 @@ def report(app, exception) -> None:
         f"  {report_['total_seconds']:6.1f} s in all, {report_['jobs']} pages at a time;"
         f" the largest process peaked at {report_['peak_rss_mib']} MiB"
     )
+    if clean:
+        verdict = "within" if report_["within_budget"] else "OVER"
+        print(
+            f"budget: a clean build's pages used {cpu:.0f} CPU s, {verdict} the"
+            f" {BUDGET_CPU_S} s budget (devtools/docs_execute.py, BUDGET_CPU_S)"
+        )
 
 
 def refresh_costs(build_dir: Path) -> dict:
