@@ -290,15 +290,27 @@ def _notebook_link(app, pagename, templatename, context, doctree):
 
 
 def _copy_notebooks(app, exception):
-    """Copy myst-nb's executed notebooks into the site, next to their pages."""
+    """Copy the executed notebooks into the site, next to their pages, with their outputs.
+
+    myst-nb writes ``jupyter_execute/*.ipynb`` from the notebook as read; when the outputs come
+    from its cache (every page does: devtools/docs_execute.py executes them ahead), that copy
+    has none. The outputs are merged back from the same cache here.
+    """
     if exception is not None or app.builder.format != "html":
         return
-    import shutil
+    import nbformat
+    from jupyter_cache import get_cache
 
+    cache = get_cache(nb_execution_cache_path)
     executed = Path(app.outdir).parent / "jupyter_execute" / "notebooks"
     target = Path(app.outdir) / "notebooks"
     for notebook in sorted(executed.glob("*.ipynb")):
-        shutil.copy2(notebook, target / notebook.name)
+        nb = nbformat.read(notebook, as_version=4)
+        try:
+            _, nb = cache.merge_match_into_notebook(nb)
+        except KeyError:
+            pass  # executed by Sphinx itself: its outputs are in it already
+        nbformat.write(nb, target / notebook.name)
 
 
 def setup(app):
