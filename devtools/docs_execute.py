@@ -38,8 +38,8 @@ from pathlib import Path
 
 import page_stats
 
-# The largest page's kernel peaks near 3.2 GiB (chapter 3's oracle check; page_stats).
-GIB_PER_PAGE = 3.5
+# The largest page's kernel peaks near 1.9 GiB (chapter 3's oracle check; page_stats).
+GIB_PER_PAGE = 2.5
 # The budget of a clean build: the pages' processes may use this many CPU seconds in all.
 # Measured on the 2-core reference machine, idle, on 2026-12-03: 288 s with two pages at once,
 # 256 s with three; 360 s is the larger plus 25% for machine noise. CPU seconds, not each

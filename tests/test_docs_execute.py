@@ -43,7 +43,7 @@ def test_jobs_default_is_one_more_than_the_cpus_within_memory(monkeypatch):
     monkeypatch.setattr(docs_execute.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr(docs_execute, "available_memory_gib", lambda: 64.0)
     assert docs_execute.jobs() == 3
-    monkeypatch.setattr(docs_execute, "available_memory_gib", lambda: 7.0)  # 2 x 3.5 GiB
+    monkeypatch.setattr(docs_execute, "available_memory_gib", lambda: 5.0)  # 2 x 2.5 GiB
     assert docs_execute.jobs() == 2
     monkeypatch.setattr(docs_execute, "available_memory_gib", lambda: 1.0)
     assert docs_execute.jobs() == 1
