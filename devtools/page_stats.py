@@ -14,8 +14,6 @@ it before a page has set its device count.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -46,27 +44,11 @@ def _after_jax(_module) -> None:
     monitoring.register_event_listener(_on_event)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Register the listener once ``jax`` has been imported by someone else."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "jax":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            try:
-                _after_jax(module)
-            except Exception:  # noqa: BLE001 - statistics must never break a page
-                pass
-
-        spec.loader.exec_module = exec_then_register
-        return spec
+def _register_quietly(module) -> None:
+    try:
+        _after_jax(module)
+    except Exception:  # noqa: BLE001 - statistics must never break a page
+        pass
 
 
 def _write(path: str, started: float) -> None:
@@ -100,7 +82,9 @@ def install() -> None:
     if "jax" in sys.modules:
         _after_jax(sys.modules["jax"])
     else:
-        sys.meta_path.insert(0, _AfterImport())
+        from run_hooks import _AfterImport  # the run's own after-import hook, next to this file
+
+        sys.meta_path.insert(0, _AfterImport("jax", _register_quietly))
 
 
 def summarize(path) -> dict:
