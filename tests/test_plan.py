@@ -462,17 +462,20 @@ def test_compact_table_fits_a_page_and_keeps_the_deciding_columns(seed_gb200):
 
 
 def test_break_even_table_gives_a_range_across_both_fits():
-    """One row, two windows: the break-even under each reading of TE's times, never 'from window
-    0'."""
+    """One strategy, two windows: a row per reading of TE's times, one value per cell, never
+    'from window 0'."""
     from tutorial_utils.cli.plan import break_even_table
 
     text = break_even_table("seed", [("allgather", 128)], windows=[16, 8192])
-    header, _, row = text.splitlines()[2:5]
-    assert "| fraction fit | constant fit |" in header
+    header, _, first, second = text.splitlines()[2:6]
+    assert header == "| strategy | CP loss | beats one GPU from | at 16 | at 8,192 |"
     assert "*a fraction of compute*" in text and "*a constant (ms)*" in text
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "allgather stripe 128" and cells[1] == "all tested (≥ 16)"
-    assert int(cells[2].replace(",", "")) > 16  # the constant-loss fit needs a wider window
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in (first, second)]
+    assert cells[0][:3] == ["allgather stripe 128", "fraction", "≤\u00a016 (all tested)"]
+    assert cells[1][:2] == ["", "constant"]
+    assert int(cells[1][2].replace(",", "")) > 16  # the constant-loss fit needs a wider window
+    for row in cells:  # one speedup per cell
+        assert all(c.endswith("x") and " " not in c for c in row[3:]), row
     assert "window 0" not in text and text.startswith("**Model prediction**")
     with pytest.raises(ValueError, match="windows is empty"):
         break_even_table("seed", [("ring", 1)], windows=[])

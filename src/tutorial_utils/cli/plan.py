@@ -305,24 +305,28 @@ def plan(
 #: How the break-even table names the two readings of TE's times
 #: (:func:`~.costmodel.fit_calibration`).
 FIT_NAMES = {"proportional": "CP loss a fraction of compute", "constant": "CP loss a constant (ms)"}
+# The fits' names in a table column
+FIT_SHORT = {"proportional": "fraction", "constant": "constant"}
 
 
 def break_even_table(workload, cases, *, windows, hardware="GB200") -> str:
-    """Markdown: per strategy, the break-even window under each fit and the speedups at the ends.
+    """Markdown: per strategy and per fit, the break-even window and the speedups at the ends.
 
     Why: TE's three published times fit two readings equally well (the CP loss a fraction of
     the compute, or a constant in ms), which part at narrow windows. A break-even from one
-    of them alone claims more than the times support; the table gives the range. Only the
-    ``windows`` are tested: CP winning at the narrowest reads "every window tested (>= w)".
-    Speedups are given at the narrowest window and as a range over the windows from the
-    workload's own window up, each as "first fit / second fit". A model prediction.
+    of them alone claims more than the times support; the table gives both, one row each.
+    Only the ``windows`` are tested: CP winning at the narrowest reads "≤ w (all tested)".
+    Each cell holds one value, so no number is split over two lines in a narrow column. The
+    speedups are at the narrowest window, the workload's own window and the widest. A model
+    prediction.
     """
     windows = sorted(int(w) for w in windows)
     if not windows:
         raise ValueError("windows is empty; pass the windows to test, e.g. [16, 32, ..., 16384].")
     wl = get_workload(workload) if isinstance(workload, str) else workload
-    fits = {FIT_NAMES[form]: fit_calibration(cp_loss=form) for form in CP_LOSS_FORMS}
-    wide = [w for w in windows if w >= wl.window[0]] or windows[-1:]
+    fits = {form: fit_calibration(cp_loss=form) for form in CP_LOSS_FORMS}
+    own = min((w for w in windows if w >= wl.window[0]), default=windows[-1])
+    ends = sorted({windows[0], own, windows[-1]})
 
     def speedup(w, strategy, stripe, cal):
         return predict(
@@ -342,37 +346,34 @@ def break_even_table(workload, cases, *, windows, hardware="GB200") -> str:
             calibration=cal,
             min_window=windows[0],
         )
-        return (
-            "never"
-            if w is None
-            else (f"all tested (≥ {windows[0]:,})" if w == windows[0] else f"{w:,}")
-        )
+        if w is None:
+            return "never"
+        # a no-break space: "≤ 16" stays on one line
+        return f"≤\u00a0{windows[0]:,} (all tested)" if w == windows[0] else f"{w:,}"
 
     rows = []
     for strategy, stripe in cases:
         name = strategy + ("" if stripe is None else f" stripe {stripe}")
-        narrow = " / ".join(
-            f"{speedup(windows[0], strategy, stripe, c):.2f}x" for c in fits.values()
-        )
-        ranges = []
-        for c in fits.values():
-            sp = [speedup(w, strategy, stripe, c) for w in wide]
-            ranges.append(f"{min(sp):.2f}-{max(sp):.2f}x")
-        rows.append(
-            f"| {name} | "
-            + " | ".join(found(strategy, stripe, c) for c in fits.values())
-            + f" | {narrow} | {' / '.join(ranges)} |"
-        )
+        for i, (form, cal) in enumerate(fits.items()):
+            cells = [name if i == 0 else "", FIT_SHORT[form], found(strategy, stripe, cal)]
+            cells += [f"{speedup(w, strategy, stripe, cal):.2f}x" for w in ends]
+            rows.append("| " + " | ".join(cells) + " |")
     hw = hardware if isinstance(hardware, str) else get_hardware(hardware).name
-    short = " | ".join(name.split(" a ")[-1].split()[0] + " fit" for name in fits)
+    heads = ["strategy", "CP loss", "beats one GPU from"] + [f"at {w:,}" for w in ends]
     return (
         f"**Model prediction** ({wl.name} shape, {wl.cp_size} x {hw}): the window from which CP"
-        " beats one GPU, with the CP loss "
-        + " or ".join(f"*a {name.split(' a ')[-1]}*" for name in fits)
-        + "; then the speedup at the narrowest and at the widest windows tested (fraction"
-        " fit / constant fit).\n\n"
-        f"| strategy | {short} | at {windows[0]:,} | at {wide[0]:,}-{wide[-1]:,} |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows)
+        " beats one GPU, and the speedup over one GPU at the narrowest window, at the"
+        f" workload's own ({own:,}) and at the widest, under each reading of TE's times: the"
+        " CP loss "
+        + " or ".join(f"*a {FIT_NAMES[form].split(' a ')[-1]}*" for form in fits)
+        + ".\n\n"
+        + "| "
+        + " | ".join(heads)
+        + " |\n"
+        + "|"
+        + "---|" * len(heads)
+        + "\n"
+        + "\n".join(rows)
     )
 
 
