@@ -201,6 +201,11 @@ def main(argv=None) -> int:
             "2048^2 float32 matmul rate, measured in the same run."
         ),
     )
+    # No TE call runs here: the kernels are called directly, whatever backend the process has.
+    rec["hardware"]["backend"] = (
+        "this project's CPU reference kernels, called directly (pure JAX and C++), no TE"
+    )
+    rec["hardware"]["backend_kind"] = "reference"
     path = write_record(rec, directory=args.results_dir, name="cpu-kernel-compiled-vs-jax")
     print(f"\nrecord written to {os.path.relpath(path, ROOT)}")
     return 0

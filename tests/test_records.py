@@ -325,3 +325,17 @@ def test_source_for_names_what_computed_the_attention():
         records.source_for("tpu", "te")
     with pytest.raises(ValueError, match=r"backend_kind='cudnn' must be"):
         records.source_for("gpu", "cudnn")
+
+
+def test_a_record_is_filed_under_what_ran():
+    """TE's code on a CPU filed as the pure-JAX reference (as cpu-kernel-compiled-vs-jax.json
+    once was) is refused, naming the source to use; the matching source passes."""
+    rec = _measured()
+    rec["hardware"].update(platform="cpu", backend_kind="te-cpu")
+    with pytest.raises(ValueError, match=r"'source'.*backend_kind='te-cpu'.*use 'cpu-te'"):
+        validate_record(rec)
+    rec["source"] = "cpu-te"
+    validate_record(rec)
+    rec["hardware"].update(platform="gpu", backend_kind="te")
+    for source in ("gpu", "gpu-emulated"):
+        validate_record({**rec, "source": source})

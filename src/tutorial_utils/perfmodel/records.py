@@ -155,6 +155,20 @@ def validate_record(record: Any) -> None:
             "must be an object (e.g. tutorial_utils.pages.runtime.environment_record())",
             record.get("hardware"),
         )
+    # A record that says what ran must be filed under that: TE's code on a CPU is "cpu-te",
+    # never "cpu-reference" (the benchmarks page groups and titles records by source).
+    hardware = record["hardware"]
+    platform, kind = hardware.get("platform"), hardware.get("backend_kind")
+    if platform in ("cpu", "gpu") and kind in ("te", "te-cpu", "reference"):
+        allowed = {source_for(platform, kind), source_for(platform, kind, emulated=True)}
+        if source not in allowed:
+            _fail(
+                "source",
+                f"does not match hardware.platform={platform!r} and"
+                f" hardware.backend_kind={kind!r}; use {' or '.join(sorted(allowed))!r}"
+                " (records.source_for), or correct the hardware fields",
+                source,
+            )
 
     config = record.get("config")
     if not isinstance(config, dict):
