@@ -54,6 +54,10 @@ def test_no_gpu_record_says_not_yet_run(tmp_path):
     assert "GPU: not yet run on a GPU; prepared: `make gpu-run`." in box
     assert box.count("\n\n") == 1  # one paragraph: after the header, none inside
     assert run_status.STATUS_CLASS in box and "4 simulated devices" in box
+    # one line in view, the rest folded: a dropdown whose title is the summary
+    first = box.splitlines()[0]
+    assert first == "````{dropdown} " + run_status.chapter_summary([], BUILD)
+    assert first.endswith("4 simulated devices; no GPU run yet") and len(first) < 100
 
 
 def test_a_gpu_record_is_named_without_a_hand_edit(tmp_path):
@@ -80,8 +84,8 @@ def test_many_gpu_records_are_summarised(tmp_path):
 def test_box_goes_under_every_chapter_title_and_at_the_landing_marker():
     chapter = run_status.insert_box("notebooks/09_new", CHAPTER, [], BUILD)
     title = chapter.index("# 9. A chapter")
-    assert chapter.index("{admonition} How this page ran") > title
-    assert chapter.index("{admonition} How this page ran") < chapter.index("Intro.")
+    assert chapter.index("{dropdown} Ran on CPU") > title
+    assert chapter.index("{dropdown} Ran on CPU") < chapter.index("Intro.")
     assert chapter.startswith("---\njupytext")  # the front matter stays first
     index = run_status.insert_box(
         "index", f"# Site\n\nText.\n\n{run_status.MARKER}\n\n## Chapters\n", [], BUILD

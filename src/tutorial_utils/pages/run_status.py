@@ -25,6 +25,7 @@ __all__ = [
     "status_text",
     "status_box",
     "chapter_box",
+    "chapter_summary",
     "insert_box",
 ]
 
@@ -106,14 +107,31 @@ def status_box(gpu_recs: Iterable[dict], build: str) -> str:
     )
 
 
+def chapter_summary(gpu_recs: Iterable[dict], build: str) -> str:
+    """The chapter box's one line: what built the page, and whether a GPU record exists."""
+    recs = list(gpu_recs)
+    gpu = "no GPU run yet" if not recs else f"GPU records: {len(recs)}"
+    return f"Ran on {build}; {gpu}"
+
+
 def chapter_box(gpu_recs: Iterable[dict], build: str) -> str:
-    """Every chapter's box: one paragraph, the status and what to make of the page's figures."""
+    """Every chapter's box: one line (:func:`chapter_summary`), and the status with what to
+    make of the page's figures folded under it.
+
+    Why folded: the same paragraph on every chapter, above the page's own ``Backend:`` line,
+    pushed each chapter's first lesson down; the line says what a reader must know at once.
+    """
+    recs = list(gpu_recs)
     note = (
         " The `Backend:` line names what produced this page; CPU timings say nothing about GPU"
         f" speed; *({{ref}}`{STANDIN_LABEL} <{STANDIN_TARGET}>`)* marks a claim that rests on"
         " the CPU stand-in's reading of cuDNN's contract."
     )
-    return _admonition("How this page ran", status_text(gpu_recs, build) + note)
+    return (
+        f"````{{dropdown}} {chapter_summary(recs, build)}\n"
+        f":class-container: {STATUS_CLASS}\n\n"
+        f"{status_text(recs, build)}{note}\n````\n"
+    )
 
 
 def _admonition(title: str, body: str) -> str:
