@@ -334,6 +334,49 @@ def test_comm_steps_arrows_per_panel(strategy, schedule, panels, arrows):
         assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) == arrows
 
 
+def labels_outside_their_disc(fig) -> list:
+    """The rank labels of ``fig`` whose box (at the saved size) reaches outside the disc
+    centred on them."""
+    from matplotlib.patches import Circle
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    bad = []
+    for ax in fig.axes:
+        discs = [p for p in ax.patches if isinstance(p, Circle)]
+        for text in (t for t in ax.texts if t.get_gid() == "rank-label"):
+            x, y = text.get_position()
+            disc = min(discs, key=lambda c: (c.center[0] - x) ** 2 + (c.center[1] - y) ** 2)
+            centre = ax.transData.transform(disc.center)
+            edge = ax.transData.transform((disc.center[0] + disc.radius, disc.center[1]))
+            box = text.get_window_extent(renderer)
+            corners = [(box.x0, box.y0), (box.x0, box.y1), (box.x1, box.y0), (box.x1, box.y1)]
+            reach = max(np.hypot(cx - centre[0], cy - centre[1]) for cx, cy in corners)
+            if reach > edge[0] - centre[0]:
+                bad.append(text.get_text().replace("\n", " "))
+    return bad
+
+
+@pytest.mark.parametrize(
+    "strategy, schedule", [("ring", "te"), ("allgather", "te"), ("ulysses", "te")]
+)
+@pytest.mark.parametrize("cp", [4, 8])
+def test_comm_steps_labels_stay_inside_equal_discs(strategy, schedule, cp):
+    """Every rank's label fits inside its disc ("dKV3", "heads" included), and all the
+    figure's discs have one radius; shrinking the discs makes the check fail."""
+    from matplotlib.patches import Circle
+
+    fig = plots.plot_comm_steps(strategy, cp, schedule=schedule)
+    radii = {round(p.radius, 9) for ax in fig.axes for p in ax.patches if isinstance(p, Circle)}
+    assert len(radii) == 1, radii
+    assert labels_outside_their_disc(fig) == []
+    for ax in fig.axes:
+        for disc in (p for p in ax.patches if isinstance(p, Circle)):
+            disc.set_radius(disc.radius * 0.7)
+    assert labels_outside_their_disc(fig), "the check cannot fail"
+    plt.close(fig)
+
+
 def test_comm_steps_allgather_panels_follow_the_byte_accounting():
     """The diagram draws one panel per collective that tutorial_utils.perfmodel.comm counts, in
     order."""
@@ -585,13 +628,13 @@ def test_record_times_hatch_extrapolated_rows_and_keep_labels_past_error_bars():
 
 
 def test_record_speedups_one_panel_per_record_never_a_shared_axis():
-    cpu = _record(
-        "cpu-reference",
+    gpu = _record(
+        "gpu",
         [
             {"strategy": "single", "mean_ms": 200.0},
             {"strategy": "ring", "stripe_size": 1, "mean_ms": 400.0},
         ],
-        label="cpu run",
+        label="gpu run",
     )
     pub = _record(
         "published",
@@ -602,15 +645,37 @@ def test_record_speedups_one_panel_per_record_never_a_shared_axis():
         ],
         label="TE tutorial, 4x GB200",
     )
-    no_speedup = _record("cpu-reference", _BLOCKWISE_ROWS)
-    fig = plots.plot_record_speedups([cpu, no_speedup, pub])
+    no_speedup = _record("gpu-reference", _BLOCKWISE_ROWS)
+    fig = plots.plot_record_speedups([gpu, no_speedup, pub])
     assert len(fig.axes) == 2
-    ax_cpu, ax_pub = fig.axes
-    assert ax_cpu.get_shared_x_axes().get_siblings(ax_cpu) == [ax_cpu]
-    assert "this machine" in ax_cpu.get_title() and "published" in ax_pub.get_title()
-    assert [b.get_width() for b in ax_cpu.patches] == [0.5]
+    ax_gpu, ax_pub = fig.axes
+    assert ax_gpu.get_shared_x_axes().get_siblings(ax_gpu) == [ax_gpu]
+    assert "GPU run" in ax_gpu.get_title() and "published" in ax_pub.get_title()
+    assert [b.get_width() for b in ax_gpu.patches] == [0.5]
     assert [b.get_width() for b in ax_pub.patches] == [2.22, 2.36]
     assert plots.plot_record_speedups([no_speedup]) is None
+
+
+def test_cpu_records_get_no_speedup_anywhere():
+    """Simulated CPU devices share the cores: a CPU record's ratio is no speedup, so its
+    bars carry times only and it gets no speedup panel; the same rows filed as a GPU run
+    do get them."""
+    rows = [
+        {"strategy": "single", "mean_ms": 200.0, "std_ms": 1.0},
+        {"strategy": "ring", "stripe_size": 1, "mean_ms": 400.0, "std_ms": 1.0},
+    ]
+    for source in ("cpu-te", "cpu-reference"):
+        rec = _record(source, rows)
+        assert plots.record_speedup(rec, rows[1]) is None
+        assert plots.plot_record_speedups([rec]) is None
+        fig = plots.plot_record_times(rec)
+        assert not any("x)" in t.get_text() for t in fig.axes[0].texts), source
+        plt.close(fig)
+    gpu = _record("gpu", rows)
+    assert plots.record_speedup(gpu, rows[1]) == 0.5
+    fig = plots.plot_record_times(gpu)
+    assert any(t.get_text().endswith("(0.50x)") for t in fig.axes[0].texts)
+    plt.close(fig)
 
 
 def test_the_font_check_can_fail():
@@ -633,25 +698,15 @@ def test_batch_and_window_shows_every_row_and_the_window_band():
         plots.plot_batch_and_window(ids, pos, window=(8, 8, 8))
 
 
-def test_benchmark_local_results_as_a_table_have_no_bars_and_no_speedups():
-    local = [
-        dict(strategy="single", mean_ms=2.0, std_ms=0.1),
-        dict(strategy="ring", mean_ms=4.5, stripe_size=1),
-    ]
+def test_benchmark_without_local_results_draws_the_published_panel_alone():
+    """A CPU page prints its times and draws only TE's published figures, as bars."""
     pub = [
         dict(strategy="single", mean_ms=126.7),
         dict(strategy="ring", mean_ms=57.2, stripe_size=1),
     ]
-    fig = plots.plot_benchmark(local, published=pub, local_as_table=True, title="CPU")
-    table_ax, pub_ax = fig.axes
-    import re
-
-    assert not table_ax.containers and not table_ax.patches  # no bars for the CPU run
-    cells = {k: c.get_text().get_text() for k, c in table_ax.tables[0].get_celld().items()}
-    assert [cells[(0, j)] for j in range(3)] == ["configuration", "mean fwd+bwd", "std"]
-    assert cells[(2, 0)] == "ring, stripe 1" and "4.5" in cells[(2, 1)]
-    texts = " ".join([t.get_text() for t in table_ax.texts] + list(cells.values()))
-    assert not re.search(r"\d\.\d+x", texts) and "no speed-ups" in texts
-    assert (
-        len(pub_ax.containers) == 1 and len(pub_ax.containers[0]) == 2
-    )  # the published numbers stay bars
+    fig = plots.plot_benchmark(None, published=pub, published_title="published by TE")
+    (ax,) = fig.axes
+    assert [b.get_height() for b in ax.patches] == [126.7, 57.2]
+    assert ax.get_title() == "published by TE"
+    with pytest.raises(ValueError, match="results and published are both None"):
+        plots.plot_benchmark(None)

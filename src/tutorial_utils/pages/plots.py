@@ -654,12 +654,12 @@ def _square_matrices(pair_matrices) -> tuple[list, list, int]:
 
 
 def _fmt_count(x: float) -> str:
-    if x >= 1e9:
-        return f"{x / 1e9:.2f}G"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f}k"
+    """A pair count in at most four characters ("131k", "1.31M"), so that a heatmap cell can
+    print it at a size that stays legible when the figure is scaled to the page's column."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            v = x / scale
+            return (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}") + suffix
     return f"{x:.0f}"
 
 
@@ -687,7 +687,7 @@ def plot_rank_work(pair_matrices, *, title: str | None = None):
     vmax = max(m.max() for m in mats) or 1.0
     for ax, label, m in zip(axes, labels, mats):
         im = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
-        annotate_heatmap(ax, im, fmt=_fmt_count, fontsize=9)
+        annotate_heatmap(ax, im, fmt=_fmt_count, fontsize=11 if cp <= 4 else 10)
         rows = m.sum(axis=1)
         ratio = rows.max() / rows.mean() if rows.mean() > 0 else 1.0
         ax.set_title(f"{label}\nmax/mean = {ratio:.2f}", fontsize=10)
@@ -704,9 +704,9 @@ def plot_rank_work(pair_matrices, *, title: str | None = None):
     im = ax.imshow(
         rel, cmap="RdBu_r", vmin=2.0 - hi, vmax=hi, aspect="auto", interpolation="nearest"
     )
-    annotate_heatmap(ax, im, fmt="{:.2f}", fontsize=9)
-    ax.set_yticks(range(n), labels, fontsize=9)
-    ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=9)
+    annotate_heatmap(ax, im, fmt="{:.2f}", fontsize=11)
+    ax.set_yticks(range(n), labels, fontsize=10)
+    ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=10)
     ax.set_title("pairs per rank / mean over ranks (1.00 = perfectly balanced)", fontsize=10)
     fig.suptitle(title or "Visible query-key pairs per rank (per query head)", fontsize=11)
     return fig
@@ -721,39 +721,21 @@ def _ring_positions(cp: int):
     return np.stack([np.cos(angles), np.sin(angles)], axis=1)
 
 
-def _radius(label: str) -> float:
-    """A rank's circle, wide enough for ``label``'s longest line at 9 pt."""
-    longest = max(len(line) for line in label.split("\n"))
-    return 0.24 + 0.05 * max(0, longest - 3)
-
-
-def _draw_ranks(ax, cp: int, labels: Sequence[str]):
-    from matplotlib.patches import Circle
-
+def _rank_labels(ax, cp: int, labels: Sequence[str]):
+    """The ranks' labels on a circle of radius 1; the discs go round them later
+    (:func:`_ring_discs`), once the figure's layout says how large the labels are."""
     xy = _ring_positions(cp)
-    colors = rank_colors(cp)
     for r in range(cp):
-        ax.add_patch(
-            Circle(
-                xy[r],
-                _radius(labels[r]),
-                facecolor=colors[r],
-                edgecolor="k",
-                lw=0.8,
-                alpha=0.9,
-                zorder=3,
-            )
-        )
         ax.text(
             *xy[r],
             labels[r],
             ha="center",
             va="center",
-            # a longer label gets a smaller font, so that it stays inside its circle
             fontsize=9,
             color="white",
             zorder=4,
             fontweight="bold",
+            gid="rank-label",
         )
     ax.set_xlim(-1.55, 1.55)
     ax.set_ylim(-1.55, 1.55)
@@ -762,12 +744,37 @@ def _draw_ranks(ax, cp: int, labels: Sequence[str]):
     return xy
 
 
-def _arrow(ax, p0, p1, color, label=None, rad=0.0):
+def _disc_radius(fig) -> float:
+    """One radius, in data units, for every rank disc of ``fig``: the largest label's
+    half-diagonal plus a margin, measured after layout, so no label sticks out of its disc
+    and every panel's discs are the same size."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    radius = 0.0
+    for ax in fig.axes:
+        per_unit = abs(ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0])
+        for text in ax.texts:
+            if text.get_gid() == "rank-label":
+                box = text.get_window_extent(renderer)
+                radius = max(radius, 0.5 * math.hypot(box.width, box.height) / per_unit)
+    return radius * 1.12
+
+
+def _ring_discs(ax, xy, radius: float):
+    from matplotlib.patches import Circle
+
+    for point, color in zip(xy, rank_colors(len(xy))):
+        ax.add_patch(
+            Circle(point, radius, facecolor=color, edgecolor="k", lw=0.8, alpha=0.9, zorder=3)
+        )
+
+
+def _arrow(ax, p0, p1, color, label=None, rad=0.0, gap=0.27):
     from matplotlib.patches import FancyArrowPatch
 
     d = p1 - p0
     u = d / (np.linalg.norm(d) or 1.0)
-    a, b = p0 + 0.27 * u, p1 - 0.27 * u
+    a, b = p0 + gap * u, p1 - gap * u
     patch = FancyArrowPatch(
         a,
         b,
@@ -829,10 +836,11 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
         """``count`` square panels, at most three per row, so the text stays legible on a page."""
         ncols = min(count, 3)
         nrows = math.ceil(count / ncols)
+        side = 2.55 if cp <= 4 else 3.4  # more ranks on the circle: larger panels
         fig, grid = plt.subplots(
             nrows,
             ncols,
-            figsize=(2.55 * ncols + 0.3, 2.9 * nrows + 0.3),
+            figsize=(side * ncols + 0.3, (side + 0.35) * nrows + 0.3),
             squeeze=False,
             constrained_layout=True,
         )
@@ -840,20 +848,28 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
             fig.delaxes(ax)
         return fig, grid.ravel()[:count]
 
-    def all_to_all_arrows(ax, xy):
-        for r in range(cp):
-            for dst in range(cp):
-                if dst != r:
-                    _arrow(ax, xy[r], xy[dst], colors[r], rad=0.12)
+    drawn = []  # (ax, rank positions, arrows as (from, to, colour, label, rad))
+
+    def all_to_all(ax, labels):
+        xy = _rank_labels(ax, cp, labels)
+        arrows = [
+            (xy[r], xy[dst], colors[r], None, 0.12)
+            for r in range(cp)
+            for dst in range(cp)
+            if dst != r
+        ]
+        drawn.append((ax, xy, arrows))
 
     if strategy == "ring":
         n = cp - 1
         fig, axes = panels(n)
         for t, ax in enumerate(axes):
             held = [(r - t) % cp for r in range(cp)]
-            xy = _draw_ranks(ax, cp, [f"r{r}\nKV{held[r]}" for r in range(cp)])
-            for r in range(cp):
-                _arrow(ax, xy[r], xy[(r + 1) % cp], colors[held[r]], f"KV{held[r]}")
+            xy = _rank_labels(ax, cp, [f"r{r}\nKV{held[r]}" for r in range(cp)])
+            arrows = [
+                (xy[r], xy[(r + 1) % cp], colors[held[r]], f"KV{held[r]}", 0.0) for r in range(cp)
+            ]
+            drawn.append((ax, xy, arrows))
             ax.set_title(
                 f"hop {t + 1} of {n}: attend, then pass\nthe held K/V block to rank r+1", fontsize=9
             )
@@ -864,7 +880,7 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
         phases.append(("backward: reduce-scatter dK, dV\n(each rank keeps its shard's sum)", "dKV"))
         fig, axes = panels(len(phases))
         for ax, (name, what) in zip(axes, phases):
-            all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}{r}" for r in range(cp)]))
+            all_to_all(ax, [f"r{r}\n{what}{r}" for r in range(cp)])
             ax.set_title(name, fontsize=9)
     else:
         phases = (
@@ -873,7 +889,7 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
         )
         fig, axes = panels(len(phases))
         for ax, (name, what) in zip(axes, phases):
-            all_to_all_arrows(ax, _draw_ranks(ax, cp, [f"r{r}\n{what}" for r in range(cp)]))
+            all_to_all(ax, [f"r{r}\n{what}" for r in range(cp)])
             ax.set_title(name, fontsize=9)
     if strategy == "allgather":
         default = f"allgather: what moves between {cp} ranks,\nforward and backward " + (
@@ -882,6 +898,11 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
     else:
         default = f"{strategy}: what moves between {cp} ranks in the forward pass"
     fig.suptitle(title or default, fontsize=10)
+    radius = _disc_radius(fig)
+    for ax, xy, arrows in drawn:
+        _ring_discs(ax, xy, radius)
+        for p0, p1, color, label, rad in arrows:
+            _arrow(ax, p0, p1, color, label, rad=rad, gap=radius + 0.03)
     return fig
 
 
@@ -1038,47 +1059,12 @@ def _bar_panel(ax, results, title):
     ax.set_title(title, fontsize=9)
 
 
-def _table_panel(ax, results, title):
-    """The results as a labelled table of times, with no bars and no speed-ups."""
-    ax.axis("off")
-    cells = [
-        [
-            r["strategy"]
-            + (f", stripe {r['stripe_size']}" if r.get("stripe_size") not in (None, 0) else ""),
-            _fmt_ms(float(r["mean_ms"])),
-            "" if r.get("std_ms") is None else _fmt_ms(float(r["std_ms"])),
-        ]
-        for r in results
-    ]
-    table = ax.table(
-        cellText=cells,
-        colLabels=["configuration", "mean fwd+bwd", "std"],
-        loc="upper center",
-        cellLoc="left",
-        colLoc="left",
-        bbox=(0.0, 0.12, 1.0, 0.76),
-    )
-    table.auto_set_font_size(False)
-    table.set_fontsize(9)
-    ax.text(
-        0.0,
-        0.02,
-        "CPU timings: no speed-ups, they say nothing about GPUs",
-        transform=ax.transAxes,
-        fontsize=9,
-        style="italic",
-        va="bottom",
-    )
-    ax.set_title(title, fontsize=9)
-
-
 def plot_benchmark(
     results,
     *,
     published=None,
     title: str | None = "this machine",
     published_title: str = "published by TE, 4x GB200",
-    local_as_table: bool = False,
 ):
     """Forward+backward times as bars; published figures, if given, in a *separate* panel.
 
@@ -1087,18 +1073,23 @@ def plot_benchmark(
     record's ``results``). Each bar is labelled with its time and, when a ``'single'``
     entry exists in the same panel, the speed-up over it. The two panels never share a
     y-axis: timings from different machines and backends are not comparable.
-    ``local_as_table=True`` shows ``results`` as a labelled table of times instead of bars
-    (for CPU runs: a bar chart of them next to GPU speed-ups invites a wrong reading).
+    ``results=None`` draws the published panel alone: a CPU run's times are printed by the
+    page, since bars of them next to GPU speed-ups invite a wrong reading.
     """
-    local = _check_results("results", results)
+    if results is None and published is None:
+        raise ValueError("results and published are both None; pass at least one of them.")
+    local = None if results is None else _check_results("results", results)
     pub = None if published is None else _check_results("published", published)
-    plt = _plt()
-    n = 1 if pub is None else 2
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False, constrained_layout=True)
-    (_table_panel if local_as_table else _bar_panel)(axes[0, 0], local, title or "")
+    panels = [(local, title or "")] if local is not None else []
     if pub is not None:
-        _bar_panel(axes[0, 1], pub, published_title)
-        axes[0, 1].set_facecolor("#f7f3e8")
+        panels.append((pub, published_title))
+    plt = _plt()
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False, constrained_layout=True)
+    for ax, (rows, name) in zip(axes[0], panels):
+        _bar_panel(ax, rows, name)
+        if rows is pub:
+            ax.set_facecolor("#f7f3e8")
     return fig
 
 
@@ -1195,7 +1186,14 @@ def _record_title(record: Mapping, width: int = 70) -> str:
 
 def record_speedup(record: Mapping, row: Mapping) -> float | None:
     """A row's speedup: the stored ``speedup``, else the record's ``'single'`` time over the
-    row's."""
+    row's; ``None`` for a CPU record.
+
+    Why none on a CPU: simulated CPU devices share one machine's cores, so the ratio of two
+    times says how the stand-in or the reference scales there, not how CP speeds anything
+    up; printed as "0.45x" it reads as one.
+    """
+    if str(record.get("source", "")).startswith("cpu"):
+        return None
     if row.get("speedup") is not None:
         return float(row["speedup"])
     singles = [r["mean_ms"] for r in record.get("results", ()) if r.get("strategy") == "single"]
