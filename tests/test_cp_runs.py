@@ -62,8 +62,13 @@ def test_error_table_rows_ratios_and_failures():
     assert table.failures() == ["far dK"] and table.worst_ratio > 1.0
     text = table._repr_markdown_()
     assert text.startswith("tolerance: rtol = atol = 0.0394")
-    assert "| strategy (dp=2, cp=4) | tensor | max abs error | max error / allowed |" in text
-    assert text.count("\n| far |") == 4
+    assert "| strategy (dp=2, cp=4) | | output | dQ | dK | dV |" in text
+    lines = text.splitlines()
+    far = lines.index(next(line for line in lines if line.startswith("| far |")))
+    assert lines[far].startswith("| far | max abs error | 0.0e+00 | 0.0e+00 | 1.0e+00 |")
+    ratios = lines[far + 1].strip("|").split("|")
+    assert ratios[1].strip() == "/ allowed" and float(ratios[4]) > 1.0  # dK beyond it
+    assert len(lines) == 4 + 2 * 3  # tolerance, blank, header, rule; two lines per run
 
 
 def test_error_table_rejects_bad_input():

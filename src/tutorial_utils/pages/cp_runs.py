@@ -96,7 +96,9 @@ class ErrorTable:
     """CP results against one device: one row ``(run, tensor, max abs error, error / allowed)``.
 
     ``error / allowed`` is the largest ``|cp - single| / (atol + rtol * |single|)``; a value
-    up to 1 is within TE's tolerance. Shown in a notebook as a Markdown table.
+    up to 1 is within TE's tolerance. Shown in a notebook as a Markdown table with two lines
+    per run (the error, then the error over the allowed one) and a column per tensor: half
+    the height of one line per tensor, and one number per cell.
     """
 
     rows: tuple[tuple[str, str, float, float], ...]
@@ -121,14 +123,19 @@ class ErrorTable:
         return [f"{run} {tensor}" for run, tensor, _, ratio in self.rows if not ratio <= 1.0]
 
     def markdown(self) -> str:
-        head = (
-            f"tolerance: rtol = atol = {self.tolerance:.3g}\n\n"
-            f"| {self.label} | tensor | max abs error | max error / allowed |\n|---|---|---|---|\n"
-        )
-        return head + "\n".join(
-            f"| {run} | {tensor} | {err:.3e} | {ratio:.3f} |"
-            for run, tensor, err, ratio in self.rows
-        )
+        tensors = list(dict.fromkeys(tensor for _, tensor, _, _ in self.rows))
+        runs = list(dict.fromkeys(run for run, _, _, _ in self.rows))
+        cell = {(run, tensor): (err, ratio) for run, tensor, err, ratio in self.rows}
+        lines = [
+            f"tolerance: rtol = atol = {self.tolerance:.3g}\n",
+            f"| {self.label} | | " + " | ".join(tensors) + " |",
+            "|---|---|" + "---|" * len(tensors),
+        ]
+        for run in runs:
+            for i, (what, fmt) in enumerate((("max abs error", "{:.1e}"), ("/ allowed", "{:.2f}"))):
+                values = [fmt.format(cell[run, t][i]) if (run, t) in cell else "" for t in tensors]
+                lines.append(f"| {run if i == 0 else ''} | {what} | " + " | ".join(values) + " |")
+        return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
