@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import textwrap
 
 from tutorial_utils.gpu import gpu_present
 
@@ -77,12 +78,13 @@ def backend_line(workload=None) -> str:
     if workload is not None:
         line += f" | cp: {workload.cp_size} | preset: {workload.name}"
         if workload.cp_size == 1:
-            line += (
-                "\nOnly one device, so CP size 1: every CP call below runs without context"
+            line += "\n" + textwrap.fill(
+                "Only one device, so CP size 1: every CP call below runs without context"
                 " parallelism (still correct). To see CP on this machine, run on simulated CPU"
-                " devices with TE-on-CPU: CUDA_VISIBLE_DEVICES="
-                " XLA_FLAGS=--xla_force_host_platform_device_count=4."
+                " devices with TE-on-CPU:",
+                width=88,
             )
+            line += "\n  CUDA_VISIBLE_DEVICES= XLA_FLAGS=--xla_force_host_platform_device_count=4"
     return line
 
 
