@@ -487,6 +487,8 @@ def main(argv=None) -> int:
             " process per variant; includes compilation) and XLA's memory analysis. "
         )
         + (json.dumps(verdict) if verdict else ""),
+        # the reference's kernels are called directly, whatever TE backend the process has
+        backend=("this project's pure-JAX reference kernels, called directly; no TE", "reference"),
     )
     path = write_record(rec, directory=args.results_dir, name="reference-cpu-blockwise-vs-dense")
     print(f"\nrecord written to {os.path.relpath(path, ROOT)}")

@@ -316,6 +316,9 @@ def test_source_for_names_what_computed_the_attention():
     )  # never labelled as a TE or CPU run
     assert records.source_for("cpu", "te-cpu") == "cpu-te"
     assert records.source_for("cpu", "reference") == "cpu-reference"
+    assert records.source_for("cpu", "kernel") == "cpu-kernel"  # the stand-in kernels alone
+    with pytest.raises(ValueError, match=r"'kernel' .* runs on 'cpu' only"):
+        records.source_for("gpu", "kernel")
     assert all(
         records.source_for(p, k) in records.SOURCES
         for p in ("cpu", "gpu")
@@ -334,6 +337,10 @@ def test_a_record_is_filed_under_what_ran():
     rec["hardware"].update(platform="cpu", backend_kind="te-cpu")
     with pytest.raises(ValueError, match=r"'source'.*backend_kind='te-cpu'.*use 'cpu-te'"):
         validate_record(rec)
+    kernels = {**rec, "hardware": {**rec["hardware"], "backend_kind": "kernel"}}
+    with pytest.raises(ValueError, match=r"use 'cpu-kernel'"):
+        validate_record(kernels)  # still filed as cpu-te
+    validate_record({**kernels, "source": "cpu-kernel"})
     rec["source"] = "cpu-te"
     validate_record(rec)
     rec["hardware"].update(platform="gpu", backend_kind="te")

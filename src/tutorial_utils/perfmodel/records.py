@@ -35,12 +35,21 @@ __all__ = [
 SCHEMA = "cp-bench/1"
 
 #: Allowed values of ``source``.
-SOURCES = ("cpu-te", "cpu-reference", "gpu", "gpu-emulated", "gpu-reference", "published")
+SOURCES = (
+    "cpu-te",
+    "cpu-reference",
+    "cpu-kernel",
+    "gpu",
+    "gpu-emulated",
+    "gpu-reference",
+    "published",
+)
 
 #: How each source is named wherever records are shown.
 SOURCE_TITLES = {
     "cpu-te": "this machine (CPU, TE's JAX code with a CPU reference kernel)",
     "cpu-reference": "this machine (CPU, pure-JAX reference backend)",
+    "cpu-kernel": "this machine (CPU, the stand-in kernels called directly, no TE)",
     "gpu-reference": "GPU run without TransformerEngine (pure-JAX reference)",
     "gpu": "GPU run",
     "gpu-emulated": "per-rank emulation on one GPU (predicted multi-GPU step, not measured)",
@@ -52,15 +61,20 @@ def source_for(platform: str, backend_kind: str, emulated: bool = False) -> str:
     """The honest ``source`` of a run: where it ran and what computed the attention.
 
     ``backend_kind`` is ``tutorial_utils.te.backend_kind()``: ``'te'`` (TE with cuDNN),
-    ``'te-cpu'`` (TE's JAX code, CPU reference kernel) or ``'reference'`` (pure JAX).
+    ``'te-cpu'`` (TE's JAX code, CPU reference kernel) or ``'reference'`` (pure JAX); a
+    benchmark that calls the CPU stand-in kernels themselves, without TE, says ``'kernel'``.
     """
     if platform not in ("cpu", "gpu"):
         raise ValueError(f"platform={platform!r} must be 'cpu' or 'gpu' (jax.default_backend()).")
-    if backend_kind not in ("te", "te-cpu", "reference"):
+    if backend_kind not in ("te", "te-cpu", "reference", "kernel"):
         raise ValueError(
             f"backend_kind={backend_kind!r} must be 'te', 'te-cpu' or 'reference' "
-            "(tutorial_utils.te.backend_kind())."
+            "(tutorial_utils.te.backend_kind()), or 'kernel' (the CPU stand-in kernels alone)."
         )
+    if backend_kind == "kernel":
+        if platform != "cpu":
+            raise ValueError("backend_kind='kernel' (the CPU stand-in kernels) runs on 'cpu' only.")
+        return "cpu-kernel"
     if platform == "gpu":
         if backend_kind != "te":
             return "gpu-reference"
@@ -159,7 +173,8 @@ def validate_record(record: Any) -> None:
     # never "cpu-reference" (the benchmarks page groups and titles records by source).
     hardware = record["hardware"]
     platform, kind = hardware.get("platform"), hardware.get("backend_kind")
-    if platform in ("cpu", "gpu") and kind in ("te", "te-cpu", "reference"):
+    known = {(p, k) for p in ("cpu", "gpu") for k in ("te", "te-cpu", "reference")}
+    if (platform, kind) in known | {("cpu", "kernel")}:
         allowed = {source_for(platform, kind), source_for(platform, kind, emulated=True)}
         if source not in allowed:
             _fail(

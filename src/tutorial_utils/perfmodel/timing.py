@@ -60,16 +60,25 @@ def make_record(
     warmup: int | None = None,
     iters: int | None = None,
     notes: str = "",
+    backend: tuple[str, str] | None = None,
 ) -> dict:
-    """A ``cp-bench/1`` record with this machine's hardware and software facts."""
+    """A ``cp-bench/1`` record with this machine's hardware and software facts.
+
+    ``backend``: ``(description, kind)`` for a run that calls kernels directly instead of
+    going through the process's TE backend (a kernel benchmark), so the record says what
+    computed its numbers; ``kind`` is one of ``'te'``, ``'te-cpu'``, ``'reference'``.
+    """
     from tutorial_utils.pages.runtime import environment_record
 
+    hardware = environment_record()
+    if backend is not None:
+        hardware["backend"], hardware["backend_kind"] = backend
     rec = {
         "schema": "cp-bench/1",
         "source": source,
         "label": label,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "hardware": environment_record(),
+        "hardware": hardware,
         "config": dict(config),
         "timing": {
             "warmup_iters": warmup,
