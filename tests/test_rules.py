@@ -104,8 +104,15 @@ def test_check_ring_stripe():
 
 def test_check_ring_window():
     assert rules.ring_min_window_left(4) == 3
-    for window in (None, (-1, 0), (3, 0), (8192, 0)):
+    for window in (None, (-1, -1), (3, 0), (8192, 0), (3, -1)):
         rules.check_ring_window(window, 4)
+    for window in ((-1, 0), [-1, 4]):  # TE's striped Ring reads left = -1 as a bound
+        with pytest.raises(
+            ValueError, match=r"reads a left bound of -1 as a bound.*pass window_size=None"
+        ):
+            rules.check_ring_window(window, 4)
+    assert rules.te_window_size((-1, 0)) is None and rules.te_window_size(None) is None
+    assert rules.te_window_size([32, 0]) == (32, 0)
     rules.check_ring_window((0, 0), 1)  # one rank: no ring step is empty
     with pytest.raises(
         ValueError,

@@ -800,6 +800,11 @@ FACADE_CHECKS = [
         r"the left window must be >= ",
     ),
     (
+        "ring window (-1, 0)",  # "causal, no window": TE's striped Ring adjusts it per step
+        dict(strategy="ring", stripe=1, window=(-1, 0), lb=True),
+        r"reads a left bound of -1 as a bound",
+    ),
+    (
         "allgather unbalanced",
         dict(strategy="allgather", stripe=4, window=None, lb=False),
         r"context_parallel_causal_load_balanced=False with THD AllGather",

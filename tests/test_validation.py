@@ -180,8 +180,12 @@ def test_ring_window_too_narrow():
         ids, pos, max_segments_per_seq=1, cp_size=4, strategy="ring", window_size=(3, 0)
     )
     validate_packed_inputs(
-        ids, pos, max_segments_per_seq=1, cp_size=4, strategy="ring", window_size=(-1, 0)
+        ids, pos, max_segments_per_seq=1, cp_size=4, strategy="ring", window_size=None
     )
+    with pytest.raises(ValueError, match=r"window_size=\(-1, 0\) with strategy='ring'.*=None"):
+        validate_packed_inputs(
+            ids, pos, max_segments_per_seq=1, cp_size=4, strategy="ring", window_size=(-1, 0)
+        )
 
 
 def test_ring_stripe_in_validator():
@@ -243,7 +247,7 @@ def test_allgather_hidden_run_start():
         )
     # the same rows are fine for Ring (stripe 1) and without CP
     validate_packed_inputs(
-        ids, pos, max_segments_per_seq=2, cp_size=4, strategy="ring", window_size=(-1, 0)
+        ids, pos, max_segments_per_seq=2, cp_size=4, strategy="ring", window_size=None
     )
     validate_packed_inputs(ids, pos, max_segments_per_seq=2)
 

@@ -30,6 +30,7 @@ __all__ = [
     "check_ring_stripe",
     "ring_min_window_left",
     "check_ring_window",
+    "te_window_size",
     "check_divisible_seq",
     "check_dual_chunk",
     "check_allgather_load_balanced",
@@ -202,10 +203,15 @@ def ring_min_window_left(cp_size: int) -> int:
 
 
 def check_ring_window(window, cp_size: int, *, label: str = "strategy='ring'") -> None:
-    """THD Ring with a sliding window needs ``left == -1`` or ``left >= cp_size - 1``.
+    """THD Ring with a sliding window needs ``left >= cp_size - 1``; no window is ``None``.
 
     Why: a narrower window leaves some striped ring step an empty diagonal band, which cuDNN
-    cannot express, so spurious pairs appear (TE raises nothing).
+    cannot express, so spurious pairs appear (TE raises nothing). And TE's striped Ring
+    recomputes each step's window from ``left`` whenever the window is not ``(-1, -1)``
+    (``adjust_cp_striped_window_size`` in ``transformer_engine/jax/cpp_extensions/
+    attention.py``), reading ``left = -1`` as a bound rather than as unbounded: ``(-1, 0)``,
+    a common spelling of "causal, no window", leaves most steps without keys, again without
+    an error.
 
     Args:
         window: ``(left, right)`` as normalised by ``validation.check_window``, or ``None``.
@@ -213,9 +219,17 @@ def check_ring_window(window, cp_size: int, *, label: str = "strategy='ring'") -
         label: how the caller's user spells the strategy (``"CPStrategy.RING"``).
 
     Raises:
-        ValueError: ``0 <= left < cp_size - 1``.
+        ValueError: ``0 <= left < cp_size - 1``, or ``left == -1`` with ``right != -1``.
     """
     left, low = _left(window), ring_min_window_left(cp_size)
+    if left == -1 and _window_text(window) != "(-1, -1)":
+        raise ValueError(
+            f"window_size={_window_text(window)} with {label}: TE's striped Ring reads a left"
+            " bound of -1 as a bound, not as unbounded, so most ring steps see no keys and the"
+            " result is wrong, without an error. For causal attention without a window pass"
+            f" window_size=None (the causal mask does the rest); for a sliding window pass a"
+            f" left window >= cp_size-1 = {low}."
+        )
     if left != -1 and left < low:
         raise ValueError(
             f"window_size={_window_text(window)} with {label} and cp_size={cp_size}: the left"
@@ -223,6 +237,16 @@ def check_ring_window(window, cp_size: int, *, label: str = "strategy='ring'") -
             " that cuDNN cannot express, so spurious pairs appear). Widen it to left >="
             f" cp_size-1 = {low}, or use AllGather."
         )
+
+
+def te_window_size(window):
+    """The ``window_size`` to give TE for ``window``: ``None`` when the left side is unbounded.
+
+    Why: the cost model and the benchmarks write "causal, no window" as ``(-1, 0)``, which
+    TE's striped Ring computes wrongly (:func:`check_ring_window`); ``None`` with a causal
+    mask is the same attention and right under every strategy.
+    """
+    return None if window is None or int(window[0]) < 0 else tuple(int(w) for w in window)
 
 
 def check_divisible_seq(

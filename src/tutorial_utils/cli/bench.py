@@ -761,10 +761,6 @@ def _window_tuple(left: int) -> tuple[int, int]:
     return (-1, -1) if left < 0 else (int(left), 0)
 
 
-def _te_window(window: tuple[int, int]):
-    return None if window[0] < 0 else window
-
-
 def _default_link_gbps(device_kind: str) -> tuple[float, str]:
     try:
         from tutorial_utils.perfmodel.hardware import PROFILES
@@ -882,7 +878,7 @@ def _resolve(args, parser):
             if strategy == "single":
                 cases.append(_Case("single", None, window))
             elif strategy == "ring":
-                why = rules.reason(rules.check_ring_window, window, cp)
+                why = rules.reason(rules.check_ring_window, rules.te_window_size(window), cp)
                 if why:
                     skipped.append({"strategy": "ring", "window": list(window), "reason": why})
                 else:
@@ -928,7 +924,7 @@ def _thd_fused(ta, q, k, v, desc, *, wl, window, max_segments, mask=None, cp_kwa
         dropout_probability=0.0,
         is_training=True,
         max_segments_per_seq=max_segments,
-        window_size=_te_window(window),
+        window_size=rules.te_window_size(window),
         **(cp_kwargs or {}),
     )
 
@@ -1213,7 +1209,7 @@ def _run_emulated(wl, data, case: _Case, cp: int, kernel: str, warmup: int, iter
                 (desc,),
                 do,
                 wl.max_segments_per_seq,
-                ((False, _te_window(case.window)),),
+                ((False, rules.te_window_size(case.window)),),
             )
         timing = time_fn(fn, *args, warmup=warmup, iters=iters)
         first_call.append(timing["first_call_ms"])

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tutorial_utils import rules
 from tutorial_utils.cli.check import tolerance
 from tutorial_utils.pages.oracle_check import float32_errors, tolerance_table
 
@@ -42,14 +43,19 @@ __all__ = [
 TENSORS = ("output", "dQ", "dK", "dV")
 
 
-def thd_attention(workload, *, is_training: bool = True):
+def thd_attention(workload, *, is_training: bool = True, checks: bool = True):
     """Chapter 3's ``fused_attn`` call for ``workload``: ``attention(qkv, seq_desc, **cp_kwargs)``.
 
     Packed THD Q, K and V, no bias, no dropout, ``PADDING_CAUSAL_MASK`` with the workload's
     window, vanilla softmax, ``scaling_factor = head_dim ** -0.5``. The keyword arguments
     (``context_parallel_strategy``, ``context_parallel_causal_load_balanced``,
     ``context_parallel_axis``, ``stripe_size``) go to ``fused_attn`` unchanged.
+
+    ``checks=False`` calls TE's own ``transformer_engine.jax.attention.fused_attn`` without
+    this project's refusals in front of it, so that a page can show what TE computes for an
+    input the facade refuses; it needs TE's code (real TE, or TE-on-CPU).
     """
+    from tutorial_utils import te
     from tutorial_utils.te.attention import (
         AttnBiasType,
         AttnMaskType,
@@ -57,6 +63,14 @@ def thd_attention(workload, *, is_training: bool = True):
         QKVLayout,
         fused_attn,
     )
+
+    if not checks:
+        if not te.using_te_code():
+            raise ValueError(
+                f"checks=False runs TE's own fused_attn, but the backend is {te.backend_name()!r};"
+                " unset TUTORIAL_TE_BACKEND (or set it to 'te-cpu') to run TE's code."
+            )
+        from transformer_engine.jax.attention import fused_attn
 
     def attention(qkv, seq_desc, **cp_kwargs):
         return fused_attn(
@@ -72,7 +86,9 @@ def thd_attention(workload, *, is_training: bool = True):
             dropout_probability=0.0,
             is_training=is_training,
             max_segments_per_seq=workload.max_segments_per_seq,
-            window_size=workload.window,
+            # (-1, 0) becomes None, the spelling every strategy gets right; unchecked, the
+            # window goes to TE as written
+            window_size=rules.te_window_size(workload.window) if checks else workload.window,
             **cp_kwargs,
         )
 
@@ -253,14 +269,17 @@ def shard_inputs(
     return tuple(put(x, x4) for x in qkv), put(ids, tok), put(pos, tok), put(dout, x4)
 
 
-def te_cp_step(workload, strategy, stripe_size: int, args, *, axis_name: str = "cp"):
+def te_cp_step(
+    workload, strategy, stripe_size: int, args, *, axis_name: str = "cp", checks: bool = True
+):
     """Compiled forward+backward of TE's CP ``fused_attn`` (chapter 5b's step), called as
     ``step(*args)`` on :func:`shard_inputs`' output; returns ``((loss, output), (dQ, dK, dV))``
     with the output and gradients sharded like Q. Run it inside ``jax.set_mesh`` and
-    ``te.autocast(mesh_resource=...)``."""
+    ``te.autocast(mesh_resource=...)``. ``checks=False``: TE's call alone
+    (:func:`thd_attention`)."""
     from tutorial_utils.te.attention import SequenceDescriptor
 
-    attention = thd_attention(workload)
+    attention = thd_attention(workload, checks=checks)
 
     def loss(qkv, segment_ids, segment_pos, dout):
         desc = SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos)

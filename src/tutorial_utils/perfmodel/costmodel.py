@@ -587,7 +587,7 @@ def _applicability(wl: Workload, strategy: str, stripe: int | None, cp: int) -> 
         return why
     if strategy == "ring":
         return rules.reason(rules.check_ring_stripe, stripe) or rules.reason(
-            rules.check_ring_window, wl.window, cp
+            rules.check_ring_window, rules.te_window_size(wl.window), cp
         )
     if strategy == "allgather":
         return (
