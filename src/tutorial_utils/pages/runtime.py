@@ -22,12 +22,17 @@ _FLAG = "--xla_force_host_platform_device_count"
 
 
 def setup_devices(num_cpu_devices: int = 4) -> None:
-    """Give JAX ``num_cpu_devices`` simulated CPU devices unless a GPU is present.
+    """Give JAX ``num_cpu_devices`` simulated CPU devices unless a GPU is present, and, on
+    CPU, load TE's JAX code with the stand-in kernel (:mod:`tutorial_utils.te_on_cpu`).
 
     Must run before the first ``import jax``; raises if JAX is already initialised with
     fewer devices, because silently running CP on one device would teach nothing. A device
     count already set in ``XLA_FLAGS`` is the caller's choice (a 1-, 2- or 8-device run) and
     is kept; each page then says what it can do with that many.
+
+    Why TE-on-CPU here: the pages import TE's own names (``import transformer_engine.jax``),
+    as a model does; without a GPU that import needs the stand-in loaded first. Under
+    ``TUTORIAL_TE_BACKEND=reference`` nothing is loaded.
     """
     if not isinstance(num_cpu_devices, int) or num_cpu_devices < 1:
         raise ValueError(f"num_cpu_devices must be a positive int, got {num_cpu_devices!r}.")
@@ -50,6 +55,10 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
                 f" {num_cpu_devices}. Restart the kernel and call setup_devices() (or set"
                 f" XLA_FLAGS={_FLAG}={num_cpu_devices}) before importing jax."
             )
+    if os.environ.get("TUTORIAL_TE_BACKEND", "auto").strip().lower() in ("", "auto", "te-cpu"):
+        from tutorial_utils import te_on_cpu
+
+        te_on_cpu.install()  # TE's Python, with a CPU kernel in place of cuDNN
 
 
 def _devices_summary():
