@@ -17,13 +17,20 @@ __all__ = ["SourceCode", "show_source"]
 class SourceCode:
     """A function's source, shown by Jupyter as a highlighted Python block (Markdown output)."""
 
-    def __init__(self, name: str, where: str, code: str):
-        self.name, self.where, self.code = name, where, code
+    def __init__(self, name: str, where: str, code: str, folded: bool = False):
+        self.name, self.where, self.code, self.folded = name, where, code, folded
 
     def markdown(self) -> str:
         longest = max((len(run) for run in re.findall(r"`+", self.code)), default=0)
         fence = "`" * max(3, longest + 1)
-        return f"`{self.name}` ({self.where})\n\n{fence}python\n{self.code.rstrip()}\n{fence}\n"
+        block = f"{fence}python\n{self.code.rstrip()}\n{fence}\n"
+        lines = len(self.code.rstrip().splitlines())
+        if self.folded:  # a dropdown whose title names the source; its fence is the longer
+            outer = fence + "`"
+            return (
+                f"{outer}{{dropdown}} `{self.name}` ({self.where}), {lines} lines\n{block}{outer}\n"
+            )
+        return f"`{self.name}` ({self.where})\n\n{block}"
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
@@ -41,11 +48,13 @@ def _where(obj) -> str:
     return f"{shown.as_posix()}, lines {first}-{first + len(lines) - 1}"
 
 
-def show_source(obj) -> SourceCode:
+def show_source(obj, *, folded: bool = False) -> SourceCode:
     """The source of a function or class, for display as a notebook cell's output.
 
     The result renders as a highlighted code block headed by the object's qualified name and
-    file. Raises ``TypeError`` for objects without Python source (builtins, C functions).
+    file; ``folded=True`` puts it in a closed dropdown titled with the name, for code the
+    text has already explained, so that the page stays short. Raises ``TypeError`` for
+    objects without Python source (builtins, C functions).
     """
     target = inspect.unwrap(obj)
     if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.ismethod(target)):
@@ -57,4 +66,4 @@ def show_source(obj) -> SourceCode:
     except (OSError, TypeError) as err:
         raise TypeError(f"no source found for {obj!r} ({err}).") from err
     name = f"{target.__module__}.{target.__qualname__}"
-    return SourceCode(name, _where(target), textwrap.dedent(code))
+    return SourceCode(name, _where(target), textwrap.dedent(code), folded)
