@@ -1460,6 +1460,11 @@ def plot_speedup_sweep(
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.2, 3.9), constrained_layout=True)
     colors = {key: f"C{i}" for i, key in enumerate(sweep["speedup"])}
+    # a marker and a width per configuration, wider first, so that lines lying on one another
+    # (AllGather's stripes at narrow windows) both stay visible
+    markers = {key: "os^vDP"[i % 6] for i, key in enumerate(sweep["speedup"])}
+    n_cases = len(sweep["speedup"])
+    widths = {key: 1.2 + 1.0 * (n_cases - 1 - i) for i, key in enumerate(sweep["speedup"])}
     for key, ys in sweep["speedup"].items():
         ys = np.asarray(ys, dtype=np.float64)
         if ys.shape != xs.shape:
@@ -1472,7 +1477,17 @@ def plot_speedup_sweep(
             )
             continue
         alt = np.asarray(other["speedup"][key], dtype=np.float64)
-        ax.plot(xs, ys, "-o", ms=3, color=colors[key], label=f"{_case_text(*key)}: {labels[0]}")
+        ax.plot(
+            xs,
+            ys,
+            "-",
+            lw=widths[key],
+            marker=markers[key],
+            ms=3 + widths[key],
+            mfc="none",
+            color=colors[key],
+            label=f"{_case_text(*key)}: {labels[0]}",
+        )
         ax.plot(xs, alt, "--", lw=1.2, color=colors[key], label=f"{_case_text(*key)}: {labels[1]}")
         ax.fill_between(xs, np.fmin(ys, alt), np.fmax(ys, alt), color=colors[key], alpha=0.15)
     stars = [(key, s) for key, s in dict(published or {}).items() if key in colors]
@@ -1496,7 +1511,12 @@ def plot_speedup_sweep(
         else f"{cp} x {_short_gpu(sweep.get('hardware', ''))}"
     )
     ax.set_title(title or f"Model prediction, {where}: speedup vs {sweep['field']}", fontsize=10)
-    ax.legend(
-        fontsize=8 if other is not None else 9, loc="lower right", frameon=True, framealpha=0.9
+    # under the axes, never over the curves
+    fig.legend(
+        *ax.get_legend_handles_labels(),
+        fontsize=9,
+        loc="outside lower center",
+        ncol=2,
+        frameon=False,
     )
     return fig
