@@ -713,6 +713,25 @@ def test_tables_do_not_break_words(crawl):
     assert not problems, "table cells that break a word across lines:\n" + _format(problems)
 
 
+# MyST markup that a reader must never see as text: a directive that did not render (a bad
+# fence leaves its "{dropdown}" or "````" on the page).
+_RAW_MARKUP = re.compile(r"[`:]{3,}\{[a-z-]+\}|\{(?:dropdown|admonition|code-cell)\}")
+
+
+def markup_problems(pages: dict) -> dict:
+    """Per page, directive markup shown as text."""
+    return {
+        rel: [f"markup shown as text: {m!r}" for m in sorted(set(found))][:5]
+        for rel, res in pages.items()
+        if (found := _RAW_MARKUP.findall(res.layout.get("openText", "")))
+    }
+
+
+def test_no_directive_shows_as_text(crawl):
+    problems = markup_problems(crawl.pages)
+    assert crawl.pages and not problems, "pages that show MyST markup:\n" + _format(problems)
+
+
 def number_problems(pages: dict) -> dict:
     """Per page, the numbers in table cells that the browser split over two lines."""
     return {
@@ -1019,6 +1038,7 @@ def main(argv: list[str]) -> int:
         ("other code wider than its box", wide_boxes(pages, _other_code), True),
         ("outputs and tables wider than their box", wide_boxes(pages, _output_or_table), True),
         ("numbers split over two lines in tables", number_problems(pages), True),
+        ("MyST markup shown as text", markup_problems(pages), True),
     ]
     failed = False
     for name, problems, counts in checks:

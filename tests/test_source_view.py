@@ -38,12 +38,13 @@ def test_refuses_objects_without_python_source():
 
 
 def test_folded_source_is_a_dropdown_around_the_same_block():
-    """``folded=True``: one MyST dropdown, titled with the name and the line count, whose fence
-    is longer than the code's, around exactly the unfolded block."""
+    """``folded=True``: one MyST dropdown in a colon fence (a backtick fence's title may not
+    hold backticks), titled with the name and the line count, around exactly the unfolded
+    block. The built page's check that no directive shows as text is in test_site.py."""
     folded = show_source(merge_partial, folded=True).markdown()
     lines = len(inspect.getsource(merge_partial).rstrip().splitlines())
     first, *body, last = folded.rstrip("\n").splitlines()
-    assert first.startswith("````{dropdown} `tutorial_utils.context_parallel.merge_partial` (")
-    assert first.endswith(f", {lines} lines") and last == "````"
+    assert first.startswith(":::{dropdown} tutorial_utils.context_parallel.merge_partial (")
+    assert "`" not in first and first.endswith(f", {lines} lines") and last == ":::"
     block = show_source(merge_partial).markdown().split("\n\n", 1)[1]
     assert "\n".join(body) + "\n" == block

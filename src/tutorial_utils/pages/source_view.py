@@ -25,11 +25,10 @@ class SourceCode:
         fence = "`" * max(3, longest + 1)
         block = f"{fence}python\n{self.code.rstrip()}\n{fence}\n"
         lines = len(self.code.rstrip().splitlines())
-        if self.folded:  # a dropdown whose title names the source; its fence is the longer
-            outer = fence + "`"
-            return (
-                f"{outer}{{dropdown}} `{self.name}` ({self.where}), {lines} lines\n{block}{outer}\n"
-            )
+        if self.folded:
+            # a dropdown whose title names the source, in a colon fence: a backtick fence's
+            # title may not hold backticks, and the code block inside keeps its own fence
+            return f":::{{dropdown}} {self.name} ({self.where}), {lines} lines\n{block}:::\n"
         return f"`{self.name}` ({self.where})\n\n{block}"
 
     def _repr_markdown_(self) -> str:
