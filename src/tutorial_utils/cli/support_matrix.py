@@ -77,6 +77,8 @@ ROWS: list[dict] = [
     for m in _MASKS
 ] + [
     _row("thd-window", "THD, PADDING_CAUSAL_MASK, window (8, 0)", "THD", window=(8, 0)),
+    # "causal, no window" spelled (-1, 0): TE's striped Ring reads the -1 as a bound
+    _row("thd-window-none", "THD, PADDING_CAUSAL_MASK, window (-1, 0)", "THD", window=(-1, 0)),
     _row("thd-gqa", "THD, PADDING_CAUSAL_MASK, GQA 4:1", "THD", hq=4, hkv=1),
     _row(
         "thd-off-by-one",
