@@ -1465,6 +1465,9 @@ def plot_speedup_sweep(
     markers = {key: "os^vDP"[i % 6] for i, key in enumerate(sweep["speedup"])}
     n_cases = len(sweep["speedup"])
     widths = {key: 1.2 + 1.0 * (n_cases - 1 - i) for i, key in enumerate(sweep["speedup"])}
+    # the second fit's lines dashed, each configuration with its own pattern
+    patterns = ((5, 2), (1.5, 1.5), (6, 2, 1.5, 2), (3, 3), (1, 3))
+    dashes = {key: patterns[i % len(patterns)] for i, key in enumerate(sweep["speedup"])}
     for key, ys in sweep["speedup"].items():
         ys = np.asarray(ys, dtype=np.float64)
         if ys.shape != xs.shape:
@@ -1488,12 +1491,30 @@ def plot_speedup_sweep(
             color=colors[key],
             label=f"{_case_text(*key)}: {labels[0]}",
         )
-        ax.plot(xs, alt, "--", lw=1.2, color=colors[key], label=f"{_case_text(*key)}: {labels[1]}")
+        ax.plot(
+            xs,
+            alt,
+            dashes=dashes[key],
+            lw=1.2 + 0.6 * (widths[key] > 1.2),
+            color=colors[key],
+            label=f"{_case_text(*key)}: {labels[1]}",
+        )
         ax.fill_between(xs, np.fmin(ys, alt), np.fmax(ys, alt), color=colors[key], alpha=0.15)
     stars = [(key, s) for key, s in dict(published or {}).items() if key in colors]
-    for j, (_key, s) in enumerate(stars):
+    for j, (key, s) in enumerate(sorted(stars, key=lambda ks: ks[1])):
         ax.scatter(
             [sweep.get("base")], [s], label=_PUBLISHED_LABEL if j == 0 else None, **_PUBLISHED_STYLE
+        )
+        # each star names its configuration, the lower one below-left, the next above-left
+        ax.annotate(
+            f"{_case_text(*key)} {s:.2f}x",
+            (sweep.get("base"), s),
+            xytext=(-9, -9 if j % 2 == 0 else 9),
+            textcoords="offset points",
+            ha="right",
+            va="center",
+            fontsize=9,
+            bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85),
         )
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":", label="one GPU (break-even)")
     if xs.min() > 0 and xs.max() / xs.min() > 8:
