@@ -471,7 +471,7 @@ HANDLED: dict[str, object] = {
     ),
     # ---- docs/performance.md: the advisor on a shape of your own
     "python -m tutorial_utils.cli.plan --batch 1 --seq-len 262144 --q-heads 32 --kv-heads 8"
-    " --segments 1 --valid 262144 --window -1 0 --cp 8 --hardware H200 --compact": Run(
+    " --segments 1 --valid 262144 --window -1 -1 --cp 8 --hardware H200 --compact": Run(
         "cheap: a cost model", check=_check_plan, timeout=120
     ),
     "python -m tutorial_utils.cli.bench --preset cpu": Run(
