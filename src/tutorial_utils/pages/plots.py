@@ -1359,7 +1359,7 @@ def plot_record_speedups(records: Sequence[Mapping], *, title: str | None = None
 __all__ += ["plot_time_breakdown", "plot_speedup_sweep"]
 
 _PUBLISHED_LABEL = "published (TE tutorial, 4xGB200)"
-_PUBLISHED_STYLE = dict(marker="*", s=200, color="black", zorder=5)
+_PUBLISHED_STYLE = dict(marker="*", s=110, color="black", zorder=5)
 _BREAKDOWN_PARTS = (
     ("ideal_ms", "ideal (one GPU / cp)"),
     ("fragmentation_ms", "tile fragmentation"),
