@@ -325,13 +325,19 @@ def make_batches(
 
 
 def reorder_for_cp(
-    batch: PackedBatch, *, cp_size: int, stripe_size: int | None, strategy=None, window_size=None
+    batch: PackedBatch,
+    *,
+    cp_size: int,
+    stripe_size: int | None,
+    strategy=None,
+    window_size=None,
 ) -> PackedBatch:
-    """All five arrays striped for ``cp_size`` devices, once TE is known to handle them.
+    """All five arrays striped for ``cp_size`` devices, once TE can handle them.
 
-    The layout is checked first with :func:`~tutorial_utils.validation.validate_packed_inputs`,
-    because TE computes some layouts wrongly without an error. That check reads the natural
-    order, so a batch that is already reordered is refused, not striped twice.
+    The layout is checked first with
+    :func:`~tutorial_utils.validation.validate_packed_inputs`, because TE computes
+    some layouts wrongly without an error. That check reads the natural order, so a
+    batch that is already reordered is refused, not striped twice.
 
     Args:
         batch: A natural-order batch.
@@ -341,11 +347,12 @@ def reorder_for_cp(
         window_size: Optional sliding window whose rules are checked too.
 
     Returns:
-        A copy of ``batch`` with all five arrays striped and ``cp_size``/``stripe_size``
-        recorded.
+        A copy of ``batch`` with all five arrays striped, and ``cp_size`` and
+        ``stripe_size`` recorded.
 
     Raises:
-        ValueError: If ``batch`` is already reordered, or its layout fails the validator.
+        ValueError: If ``batch`` is already reordered, or the validator refuses
+            its layout.
     """
     cp_size = _positive_int("cp_size", cp_size)
     if batch.cp_size != 1 or batch.stripe_size is not None:
@@ -373,7 +380,11 @@ def reorder_for_cp(
     stripe = 1 if stripe_size is None else stripe_size
     striped = {
         name: reorder_causal_load_balancing(
-            np.asarray(getattr(batch, name)), ReorderStrategy.Striped, cp_size, 1, stripe
+            np.asarray(getattr(batch, name)),
+            strategy=ReorderStrategy.Striped,
+            cp_size=cp_size,
+            seq_dim=1,
+            stripe_size=stripe,
         )
         for name in FIELDS
     }
