@@ -292,39 +292,31 @@ _LAYOUT_JS = r"""
             scrolls: ['auto', 'scroll'].includes(cs.overflowX),
             sticksOut: pre.getBoundingClientRect().right > right + 1};
   });
-  const broken = [];
-  for (const cell of article.querySelectorAll('td, th')) {
-    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      for (const m of node.data.matchAll(/[^\s\-\u2010-\u2014\/]+/g)) {
-        const range = document.createRange();
-        range.setStart(node, m.index);
-        range.setEnd(node, m.index + m[0].length);
-        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r =>
-        Math.round(r.top)));
-        if (tops.size > 1) broken.push(m[0]);
+  // The distinct lines a range's glyphs land on.
+  const lineCount = range => new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+    .map(r => Math.round(r.top))).size;
+  // The matches of `pattern` in table cells whose glyphs land on more than one line.
+  const brokenInCells = pattern => {
+    const found = [];
+    for (const cell of article.querySelectorAll('td, th')) {
+      const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (const m of node.data.matchAll(pattern)) {
+          const range = document.createRange();
+          range.setStart(node, m.index);
+          range.setEnd(node, m.index + m[0].length);
+          if (lineCount(range) > 1) found.push(m[0]);
+        }
       }
     }
-  }
-  // Numbers, with their exponent, unit and range ("4.0e-03", "2.22-2.34x", "<= 16"), whose
-  // glyphs land on more than one line.
-  const brokenNumbers = [];
+    return found;
+  };
+  // Words (split at white space and hyphens) the browser broke.
+  const broken = brokenInCells(/[^\s\-\u2010-\u2014\/]+/g);
+  // Numbers, with their exponent, unit and range ("4.0e-03", "2.22-2.34x", "<= 16").
   const unit = '(?:e[-+]?\\d+)?[x\\u00d7%]?';
-  const number = new RegExp(
-    `[\\u2264\\u2265]?\\u00a0?\\d[\\d.,]*${unit}(?:[-\\u2010-\\u2013]\\d[\\d.,]*${unit})*`, 'g');
-  for (const cell of article.querySelectorAll('td, th')) {
-    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      for (const m of node.data.matchAll(number)) {
-        const range = document.createRange();
-        range.setStart(node, m.index);
-        range.setEnd(node, m.index + m[0].length);
-        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r =>
-        Math.round(r.top)));
-        if (tops.size > 1) brokenNumbers.push(m[0]);
-      }
-    }
-  }
+  const brokenNumbers = brokenInCells(new RegExp(
+    `[\\u2264\\u2265]?\\u00a0?\\d[\\d.,]*${unit}(?:[-\\u2010-\\u2013]\\d[\\d.,]*${unit})*`, 'g'));
   const box = document.querySelector('.cp-run-status');
   // A chapter's box is one line in view: the lines its summary's text occupies.
   const summary = box && (box.querySelector('summary .sd-summary-text') ||
@@ -333,8 +325,7 @@ _LAYOUT_JS = r"""
   if (summary) {
     const range = document.createRange();
     range.selectNodeContents(summary);
-    summaryLines = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
-      .map(r => Math.round(r.bottom))).size;
+    summaryLines = lineCount(range);
   }
   return {pres, broken, brokenNumbers, statusBox: box ? box.innerText : null, summaryLines,
           openText: article.innerText};
