@@ -222,7 +222,7 @@ def check_ring_window(window, cp_size: int, *, label: str = "strategy='ring'") -
         ValueError: ``0 <= left < cp_size - 1``, or ``left == -1`` with ``right != -1``.
     """
     left, low = _left(window), ring_min_window_left(cp_size)
-    if left == -1 and _window_text(window) != "(-1, -1)":
+    if left == -1 and window is not None and tuple(int(x) for x in window) != (-1, -1):
         raise ValueError(
             f"window_size={_window_text(window)} with {label}: TE's striped Ring reads a left"
             " bound of -1 as a bound, not as unbounded, so most ring steps see no keys and the"

@@ -173,17 +173,18 @@ def validate_record(record: Any) -> None:
     # never "cpu-reference" (the benchmarks page groups and titles records by source).
     hardware = record["hardware"]
     platform, kind = hardware.get("platform"), hardware.get("backend_kind")
-    known = {(p, k) for p in ("cpu", "gpu") for k in ("te", "te-cpu", "reference")}
-    if (platform, kind) in known | {("cpu", "kernel")}:
+    try:  # source_for knows which (platform, kind) pairs exist; others are not checked
         allowed = {source_for(platform, kind), source_for(platform, kind, emulated=True)}
-        if source not in allowed:
-            _fail(
-                "source",
-                f"does not match hardware.platform={platform!r} and"
-                f" hardware.backend_kind={kind!r}; use {' or '.join(sorted(allowed))!r}"
-                " (records.source_for), or correct the hardware fields",
-                source,
-            )
+    except ValueError:
+        allowed = None
+    if allowed is not None and source not in allowed:
+        _fail(
+            "source",
+            f"does not match hardware.platform={platform!r} and"
+            f" hardware.backend_kind={kind!r}; use {' or '.join(sorted(allowed))!r}"
+            " (records.source_for), or correct the hardware fields",
+            source,
+        )
 
     config = record.get("config")
     if not isinstance(config, dict):
