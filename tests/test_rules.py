@@ -113,6 +113,9 @@ def test_check_ring_window():
             rules.check_ring_window(window, 4)
     assert rules.te_window_size((-1, 0)) is None and rules.te_window_size(None) is None
     assert rules.te_window_size([32, 0]) == (32, 0)
+    for bad in ((32,), "32, 0", (32.0, 0)):
+        with pytest.raises(ValueError, match=r"window_size=.* is not a \(left, right\) pair"):
+            rules.te_window_size(bad)
     rules.check_ring_window((0, 0), 1)  # one rank: no ring step is empty
     with pytest.raises(
         ValueError,

@@ -246,7 +246,18 @@ def te_window_size(window):
     TE's striped Ring computes wrongly (:func:`check_ring_window`); ``None`` with a causal
     mask is the same attention and right under every strategy.
     """
-    return None if window is None or int(window[0]) < 0 else tuple(int(w) for w in window)
+    if window is None:
+        return None
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)
+    ):
+        raise ValueError(
+            f"window_size={window!r} is not a (left, right) pair of ints; pass e.g. (8192, 0),"
+            " or None for no window."
+        )
+    return None if window[0] < 0 else (int(window[0]), int(window[1]))
 
 
 def check_divisible_seq(
