@@ -4,7 +4,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,10 +39,7 @@ def _cli(*args, check=True):
 
 @pytest.fixture(scope="module")
 def seed_gb200():
-    t0 = time.perf_counter()
-    out = json.loads(_cli("--preset", "seed", "--hardware", "GB200", "--json").stdout)
-    out["_seconds"] = time.perf_counter() - t0
-    return out
+    return json.loads(_cli("--preset", "seed", "--hardware", "GB200", "--json").stdout)
 
 
 def _row(result, strategy, stripe):
@@ -54,7 +50,6 @@ def _row(result, strategy, stripe):
 
 def test_cli_json_reproduces_published_gb200_speedups(seed_gb200):
     res = seed_gb200
-    assert res["_seconds"] < 30
     assert res["single_ms"] == pytest.approx(PUBLISHED_GB200["single_ms"], rel=0.10)
     for strategy in ("ring", "allgather"):
         pub = PUBLISHED_GB200[strategy]

