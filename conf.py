@@ -320,6 +320,7 @@ def setup(app):
     # are printed at the end and written to _build/page-times.json (devtools/docs_execute.py).
     app.connect("env-before-read-docs", docs_execute.execute_outdated)
     app.connect("source-read", docs_execute.page_being_read)
+    app.connect("html-page-context", docs_execute.page_written)
     app.connect("build-finished", docs_execute.report)
     app.connect("source-read", _api_source)
     app.connect("source-read", _run_status_box)

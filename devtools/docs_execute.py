@@ -22,8 +22,12 @@ from the last build's ``page-times.json`` or, after ``make docs-clean``, from
 devtools/docs_execute.py`` refreshes it from the last build). Only the order depends on it: a
 page missing there runs first.
 
-:func:`report` checks a clean build against :data:`BUDGET_CPU_S`; ``tests/test_site.py``
-fails when its clean build is over.
+:func:`report` writes, for every build, the pages Sphinx read, the notebooks executed and the
+pages written (an unchanged rebuild has none of the first two), and for a clean build its cost
+in XLA programs (compiles plus compile-cache hits: the same on any machine) against
+:data:`BUDGET_PROGRAMS`. Its CPU seconds depend on the machine, so ``tests/test_site.py``
+judges them as a ratio to a calibration workload timed in the same run
+(``devtools/calibrate.py``, :data:`BUDGET_CPU_RATIO`).
 """
 
 from __future__ import annotations
@@ -40,11 +44,11 @@ import page_stats
 
 # The largest page's kernel peaks near 1.9 GiB (chapter 3's oracle check; page_stats).
 GIB_PER_PAGE = 2.5
-# The budget of a clean build: the pages' processes may use this many CPU seconds in all.
-# Measured on the 2-core reference machine, idle, on 2026-12-03: 288 s with two pages at once,
-# 256 s with three; 360 s is the larger plus 25% for machine noise. CPU seconds, not each
-# page's wall time: a page's wall time depends on what runs beside it, its CPU much less.
-BUDGET_CPU_S = 360
+# The budgets of a clean build (measured figures in devtools/README.md, "The site build's cost"):
+# XLA programs the pages ask for (compiles + compile-cache hits; the same on any machine), and
+# the pages' CPU seconds as a multiple of devtools/calibrate.py's workload timed in the same run.
+BUDGET_PROGRAMS = 2000
+BUDGET_CPU_RATIO = 40.0
 STATS_DIR = "page-stats"
 TIMES_FILE = "page-times.json"
 COSTS = Path(__file__).with_name("page_costs.json")
@@ -144,6 +148,20 @@ def expected_seconds(build_dir: Path) -> dict:
     return {**costs, **_last_times(build_dir)}
 
 
+def longest_first(docnames, build_dir: Path) -> list:
+    """``docnames`` in the order to run them: longest expected first, unknown pages before all.
+
+    Args:
+        docnames: The pages to run.
+        build_dir: The build folder whose ``page-times.json`` has the last build's times.
+
+    Returns:
+        The pages, reordered.
+    """
+    expected = expected_seconds(build_dir)
+    return sorted(docnames, key=lambda d: -expected.get(d, float("inf")))
+
+
 def execute_outdated(app, env, docnames) -> None:
     """Sphinx ``env-before-read-docs``: run the notebooks among ``docnames`` that myst-nb's cache
     lacks, :func:`jobs` at a time, and cache them for myst-nb."""
@@ -155,6 +173,7 @@ def execute_outdated(app, env, docnames) -> None:
 
     logger = logging.getLogger(__name__)
     _build_start(app)
+    app._cp_read = sorted(docnames)
     env = app.env
     nb_config = env.mystnb_config
     if nb_config.execution_mode != "cache":
@@ -185,8 +204,8 @@ def execute_outdated(app, env, docnames) -> None:
     if not todo:
         return
 
-    expected = expected_seconds(build_dir)
-    todo.sort(key=lambda t: -expected.get(t[0], float("inf")))  # longest (or unknown) first
+    rank = {d: i for i, d in enumerate(longest_first([t[0] for t in todo], build_dir))}
+    todo.sort(key=lambda t: rank[t[0]])
     workers = min(jobs(), len(todo))
     logger.info(f"executing {len(todo)} notebooks, {workers} at a time")
     start = time.perf_counter()
@@ -232,22 +251,39 @@ def page_being_read(app, docname, source) -> None:
     os.environ[page_stats.ENV] = str(stats)
 
 
-def summarize(rows: list, budget_cpu_s: float = BUDGET_CPU_S) -> dict:
+def page_written(app, pagename, templatename, context, doctree) -> None:
+    """Sphinx ``html-page-context``: note each page this build writes."""
+    if not hasattr(app, "_cp_written"):
+        app._cp_written = set()
+    app._cp_written.add(pagename)
+
+
+def summarize(rows: list, budget_programs: int = BUDGET_PROGRAMS) -> dict:
     """The build's table from its page rows (``page``, ``seconds``, and from :mod:`page_stats`
-    ``cpu_s``, ``peak_rss_mib``...; ``executed`` on a page taken from an earlier build), with
-    the budget verdict: ``within_budget`` is None unless every page ran in this build."""
+    ``cpu_s``, ``compiles``, ``cache_hits``...; ``executed`` on a page taken from an earlier
+    build), with the budget verdict: ``within_budget`` is None unless every page ran in this
+    build.
+
+    Args:
+        rows: One dict per executed page.
+        budget_programs: The most XLA programs (compiles + cache hits) a clean build may use.
+
+    Returns:
+        The report: the rows longest first, totals, ``clean_build`` and ``within_budget``.
+    """
     rows = sorted(rows, key=lambda r: -r["seconds"])
     clean = bool(rows) and not any("executed" in r for r in rows)
-    cpu = round(sum(r.get("cpu_s", 0.0) for r in rows), 1)
+    programs = sum(r.get("compiles", 0) + r.get("cache_hits", 0) for r in rows)
     return {
         "pages": rows,
         "total_seconds": round(sum(r["seconds"] for r in rows), 1),
-        "cpu_s": cpu,
+        "cpu_s": round(sum(r.get("cpu_s", 0.0) for r in rows), 1),
+        "programs": programs,
         "peak_rss_mib": max((r.get("peak_rss_mib", 0) for r in rows), default=0),
         "jobs": jobs(),
         "clean_build": clean,
-        "budget_cpu_s": budget_cpu_s,
-        "within_budget": (cpu <= budget_cpu_s) if clean else None,
+        "budget_programs": budget_programs,
+        "within_budget": (programs <= budget_programs) if clean else None,
     }
 
 
@@ -269,6 +305,11 @@ def report(app, exception) -> None:
         row.update(page_stats.summarize(stats) if stats.exists() else {})
         rows.append(row)
     report_ = summarize(rows)
+    report_["this_build"] = {
+        "read": getattr(app, "_cp_read", []),
+        "executed": sorted(r["page"] for r in rows if "executed" not in r),
+        "written": sorted(getattr(app, "_cp_written", set())),
+    }
     clean, cpu = report_["clean_build"], report_["cpu_s"]
     (build_dir / TIMES_FILE).write_text(json.dumps(report_, indent=2) + "\n")
     print(
@@ -294,8 +335,9 @@ def report(app, exception) -> None:
     if clean:
         verdict = "within" if report_["within_budget"] else "OVER"
         print(
-            f"budget: a clean build's pages used {cpu:.0f} CPU s, {verdict} the"
-            f" {BUDGET_CPU_S} s budget (devtools/docs_execute.py, BUDGET_CPU_S)"
+            f"budget: a clean build's pages used {cpu:.0f} CPU s and {report_['programs']} XLA"
+            f" programs, {verdict} the {BUDGET_PROGRAMS}-program budget"
+            " (devtools/docs_execute.py, BUDGET_PROGRAMS)"
         )
 
 

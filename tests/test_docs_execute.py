@@ -16,18 +16,24 @@ def _row(page, seconds, cpu, **extra):
     return {"page": page, "seconds": seconds, "cpu_s": cpu, "peak_rss_mib": 100, **extra}
 
 
-def test_a_clean_build_over_its_budget_is_flagged():
-    rows = [_row("a", 10.0, 250.0), _row("b", 20.0, 111.0)]
-    over = docs_execute.summarize(rows, budget_cpu_s=360)
-    assert over["clean_build"] and over["cpu_s"] == 361.0 and over["within_budget"] is False
+def test_a_clean_build_over_its_program_budget_is_flagged():
+    """Programs are compiles plus compile-cache hits: which page compiles a shared program first
+    changes with the order, the sum does not."""
+    rows = [
+        _row("a", 10.0, 250.0, compiles=200, cache_hits=50),
+        _row("b", 20.0, 111.0, compiles=111),
+    ]
+    over = docs_execute.summarize(rows, budget_programs=360)
+    assert over["clean_build"] and over["programs"] == 361 and over["within_budget"] is False
+    assert over["cpu_s"] == 361.0  # reported, judged as a ratio by tests/test_site.py
     assert [r["page"] for r in over["pages"]] == ["b", "a"]  # longest first
-    within = docs_execute.summarize(rows[:1], budget_cpu_s=360)
+    within = docs_execute.summarize(rows[:1], budget_programs=360)
     assert within["within_budget"] is True
 
 
 def test_a_build_that_reused_pages_gets_no_verdict():
     rows = [_row("a", 10.0, 400.0), _row("b", 5.0, 0.0, executed="in an earlier build")]
-    report = docs_execute.summarize(rows, budget_cpu_s=360)
+    report = docs_execute.summarize(rows, budget_programs=360)
     assert report["clean_build"] is False and report["within_budget"] is None
 
 
@@ -60,18 +66,18 @@ def test_order_uses_the_last_build_then_the_committed_table(tmp_path, monkeypatc
     assert docs_execute.expected_seconds(tmp_path) == {"a": 80.0, "b": 50.0}
 
 
-def test_every_executed_page_has_a_committed_cost():
-    """A page missing from page_costs.json runs first after make docs-clean, whatever its cost;
-    `python devtools/docs_execute.py` after a build refreshes the table."""
-    from site_pages import ROOT
-
-    costs = json.loads(docs_execute.COSTS.read_text())
-    executed = [
-        p.relative_to(ROOT).with_suffix("").as_posix()
-        for p in sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("notebooks/*.md")])
-        if p.read_text(encoding="utf-8").startswith("---\njupytext:")
-    ]
-    assert executed and not set(executed) - set(costs), sorted(set(executed) - set(costs))
+def test_a_page_missing_from_the_table_runs_first(tmp_path, monkeypatch):
+    """A new chapter needs no entry in page_costs.json: unknown pages run first, and
+    `python devtools/docs_execute.py` after a build refreshes the table from the build."""
+    costs = tmp_path / "page_costs.json"
+    costs.write_text(json.dumps({"a": 5.0, "b": 50.0}))
+    monkeypatch.setattr(docs_execute, "COSTS", costs)
+    assert docs_execute.longest_first(["a", "new", "b"], tmp_path) == ["new", "b", "a"]
+    (tmp_path / docs_execute.TIMES_FILE).write_text(
+        json.dumps({"pages": [{"page": "new", "seconds": 1.0}]})
+    )
+    assert docs_execute.refresh_costs(tmp_path) == {"new": 1.0}
+    assert json.loads(costs.read_text()) == {"new": 1.0}
 
 
 def test_forced_pages_are_found_in_the_front_matter():

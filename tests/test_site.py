@@ -59,6 +59,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import calibrate
+import docs_execute
 import pytest
 from site_pages import chapters
 
@@ -74,8 +76,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 # fmt: off
 SPHINX_ARGS = ["-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "1", ".", "_build_test/html"]  # noqa: E501
 # fmt: on
-BUILD_TIMEOUT_S = 900
-UNCHANGED_REBUILD_LIMIT_S = 15.0
+BUILD_TIMEOUT_S = 900  # a hang guard, not a speed check
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -148,27 +149,32 @@ def _run_sphinx(log_name: str) -> float:
 class BuildInfo:
     clean_s: float | None
     rebuild_s: float
+    calibration_cpu_s: float | None
+    rebuild: dict  # what the unchanged rebuild read, executed and wrote
 
 
 @pytest.fixture(scope="session")
 def built_site() -> BuildInfo:
     reuse = os.environ.get("CP_SITE_TEST_REUSE_BUILD") == "1" and (HTML / "index.html").is_file()
-    clean_s = None
+    clean_s = calibration = None
     if not reuse:
         shutil.rmtree(BUILD, ignore_errors=True)
+        calibration = calibrate.calibration_cpu_s()  # the machine's speed, in the same run
         clean_s = _run_sphinx("build-clean")
         shutil.copy2(BUILD / "page-times.json", ARTIFACTS / "page-times-clean.json")
     rebuild_s = _run_sphinx("build-unchanged")
+    rebuild = json.loads((BUILD / "page-times.json").read_text())["this_build"]
     times = {
         "clean_build_s": None if clean_s is None else round(clean_s, 2),
+        "calibration_cpu_s": calibration,
         "unchanged_rebuild_s": round(rebuild_s, 2),
-        "unchanged_rebuild_limit_s": UNCHANGED_REBUILD_LIMIT_S,
+        "unchanged_rebuild": rebuild,
         "command": f"python {' '.join(SPHINX_ARGS)}",
         "python": sys.executable,
         "measured": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     (ARTIFACTS / "build-times.json").write_text(json.dumps(times, indent=2) + "\n")
-    return BuildInfo(clean_s, rebuild_s)
+    return BuildInfo(clean_s, rebuild_s, calibration, rebuild)
 
 
 # --------------------------------------------------------------------------- serve
@@ -505,28 +511,44 @@ def _format(problems: dict) -> str:
 # --------------------------------------------------------------------------- tests
 
 
-def test_unchanged_rebuild_is_fast(built_site):
-    assert (ARTIFACTS / "build-times.json").is_file()
-    assert built_site.rebuild_s <= UNCHANGED_REBUILD_LIMIT_S, (
-        f"an unchanged rebuild took {built_site.rebuild_s:.1f} s (limit"
-        f" {UNCHANGED_REBUILD_LIMIT_S} s): something forces re-reading or re-executing; see"
-        " test-artifacts/build-unchanged.log"
+# Sphinx writes its generated pages at every build
+ALWAYS_WRITTEN = {"genindex", "search", "py-modindex"}
+
+
+def test_an_unchanged_rebuild_reads_and_executes_nothing(built_site):
+    """What a second `make docs` redoes, not its seconds (which depend on the machine)."""
+    done = built_site.rebuild
+    assert done["read"] == [] and done["executed"] == [], (
+        f"an unchanged rebuild re-read {done['read']} and re-executed {done['executed']}:"
+        " something marks them outdated; see test-artifacts/build-unchanged.log"
     )
+    assert set(done["written"]) <= ALWAYS_WRITTEN, sorted(set(done["written"]) - ALWAYS_WRITTEN)
 
 
 def test_clean_build_stays_within_its_budget(built_site):
-    """The rule (devtools/docs_execute.py): a clean build's pages may use BUDGET_CPU_S CPU
-    seconds in all, the figure measured on the 2-core reference machine plus 25%. The largest
-    process's peak memory is recorded with it (test-artifacts/page-times-clean.json)."""
+    """The rule (devtools/docs_execute.py): a clean build's pages may ask XLA for
+    BUDGET_PROGRAMS programs (the same count on any machine) and spend BUDGET_CPU_RATIO times
+    the CPU of devtools/calibrate.py's workload, timed on this machine in this run; a slow or
+    busy machine scales both sides. The table is in test-artifacts/page-times-clean.json."""
     if built_site.clean_s is None:
         pytest.skip("CP_SITE_TEST_REUSE_BUILD=1: no clean build in this run")
     report = json.loads((ARTIFACTS / "page-times-clean.json").read_text())
     assert report["clean_build"], [r for r in report["pages"] if "executed" in r]
-    slowest = ", ".join(f"{r['page']} {r.get('cpu_s', 0):.0f} s" for r in report["pages"][:5])
+    slowest = ", ".join(
+        f"{r['page']} {r.get('cpu_s', 0):.0f} s, {r.get('compiles', 0)} compiles"
+        for r in report["pages"][:5]
+    )
     assert report["within_budget"], (
-        f"a clean build's pages used {report['cpu_s']:.0f} CPU s, over the"
-        f" {report['budget_cpu_s']} s budget (devtools/docs_execute.py BUDGET_CPU_S); the"
+        f"a clean build's pages asked for {report['programs']} XLA programs, over the"
+        f" {report['budget_programs']} budget (devtools/docs_execute.py BUDGET_PROGRAMS); the"
         f" largest: {slowest}. Make the page cheaper, or raise the budget with a measurement."
+    )
+    ratio = report["cpu_s"] / built_site.calibration_cpu_s
+    assert ratio <= docs_execute.BUDGET_CPU_RATIO, (
+        f"a clean build's pages used {report['cpu_s']:.0f} CPU s, {ratio:.0f} times the"
+        f" calibration workload's {built_site.calibration_cpu_s} s, over the"
+        f" {docs_execute.BUDGET_CPU_RATIO:.0f}x budget (devtools/docs_execute.py"
+        f" BUDGET_CPU_RATIO); the largest: {slowest}."
     )
 
 
