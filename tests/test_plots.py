@@ -15,6 +15,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments  # noqa: E402
 from tutorial_utils.pages import plots  # noqa: E402
+from tutorial_utils.pages.plots.style import padding_spans  # noqa: E402
 from tutorial_utils.perfmodel.workcount import count_work, local_token_order  # noqa: E402
 
 MIN_FONT_PT = (
@@ -528,7 +529,7 @@ def test_colour_helpers_validate():
 
 def test_padding_spans_helper():
     ids, _ = pack_segments([[3, 2]], seq_len=10, align=4)
-    assert plots._padding_spans(ids[0]) == [(3, 4), (6, 10)]
+    assert padding_spans(ids[0]) == [(3, 4), (6, 10)]
 
 
 # ----------------------------------------------------------------------------- stored records
