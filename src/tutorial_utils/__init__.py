@@ -9,12 +9,12 @@ plumbing) and :mod:`tutorial_utils.perfmodel` (the performance model). Importing
 only imports the names below.
 """
 
-from tutorial_utils.reorder import (
+from .reorder import (
     ReorderStrategy,
     inverse_reorder_causal_load_balancing,
     reorder_causal_load_balancing,
 )
-from tutorial_utils.validation import validate_packed_inputs
+from .validation import validate_packed_inputs
 
 __all__ = [
     "ReorderStrategy",

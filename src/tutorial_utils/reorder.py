@@ -10,7 +10,7 @@ import enum
 
 import numpy as np
 
-from tutorial_utils import rules
+from . import rules
 
 __all__ = [
     "ReorderStrategy",
