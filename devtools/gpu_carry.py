@@ -118,7 +118,7 @@ def cut(directory: Path, tree_bytes: int, call_bytes: int = CALL_BYTES) -> dict:
     """Cut the bundle's core wheel and library wheels into ``.partNNN`` pieces, one call's worth,
     and write ``carry.json``; the whole files are removed (the last call puts them together)."""
     directory = Path(directory)
-    manifest = G._manifest(directory)
+    manifest = G.read_manifest(directory)
     large = [e for e in manifest["files"] if e["name"].startswith((G.CORE + "/", G.EXTRA + "/"))]
     large.sort(
         key=lambda e: e["use"] == "library"
@@ -219,7 +219,7 @@ def carry_plan(
             f"--bundle {bundle_dir}: give the bundle's path inside the repository (e.g."
             " gpu-bundle); a call carries paths of the checkout only."
         )
-    manifest, carry = G._manifest(bundle_dir), _carry(bundle_dir)
+    manifest, carry = G.read_manifest(bundle_dir), _carry(bundle_dir)
     last = last_call(carry, libraries)
     plan = [{"call": k, "carry": [], "bytes": tree_bytes} for k in range(1, last + 1)]
     cut_files = {p["file"] for p in carry["pieces"]}
@@ -298,7 +298,7 @@ def verify_pieces(directory: Path, upto_call: int) -> list[str]:
     """Check the whole small files and every piece of calls ``1..upto_call`` that is still needed
     (a file already put together is checked whole instead)."""
     directory = Path(directory)
-    manifest, carry = G._manifest(directory), _carry(directory)
+    manifest, carry = G.read_manifest(directory), _carry(directory)
     whole = {e["name"]: e for e in manifest["files"]}
     cut_files = {p["file"] for p in carry["pieces"]}
     checked = []
@@ -308,7 +308,7 @@ def verify_pieces(directory: Path, upto_call: int) -> list[str]:
             checked.append(entry["name"])
     for piece in carry["pieces"]:
         target = directory / piece["file"]
-        if target.is_file() and G._sha256(target) == whole[piece["file"]]["sha256"]:
+        if target.is_file() and G.file_sha256(target) == whole[piece["file"]]["sha256"]:
             continue
         if piece["call"] > upto_call:
             continue
@@ -330,20 +330,20 @@ def join_pieces(directory: Path, libraries: Sequence[str]) -> list[Path]:
     """Put the cut files together (the core wheel, and the libraries in ``libraries``), each checked
     against the manifest's SHA-256 and, as a wheel, against its own ``RECORD``."""
     directory = Path(directory)
-    manifest, carry = G._manifest(directory), _carry(directory)
+    manifest, carry = G.read_manifest(directory), _carry(directory)
     joined = []
     for entry in manifest["files"]:
         parts = [p for p in carry["pieces"] if p["file"] == entry["name"]]
         if not parts or (parts[0]["library"] and parts[0]["library"] not in libraries):
             continue
         target = directory / entry["name"]
-        if not (target.is_file() and G._sha256(target) == entry["sha256"]):
+        if not (target.is_file() and G.file_sha256(target) == entry["sha256"]):
             tmp = target.with_name(target.name + ".joining")
             try:
                 with open(tmp, "wb") as out:
                     for part in parts:
                         out.write((directory / part["name"]).read_bytes())
-                if G._sha256(tmp) != entry["sha256"]:
+                if G.file_sha256(tmp) != entry["sha256"]:
                     raise SystemExit(
                         f"{target}: put together, it does not match the manifest's SHA-256."
                     )
@@ -422,7 +422,7 @@ def make_node(work: Path, python: str, packages: Sequence[str]) -> Path:
         cmd = [str(uv), "pip", "install", "--python", str(node / "bin" / "python"), *packages]
     else:
         cmd = [str(node / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages]
-    G._run(cmd)
+    G.run_echoed(cmd)
     return node / "bin" / "python"
 
 
@@ -433,7 +433,7 @@ def _node_facts(python: Path, env: dict[str, str]) -> dict:
         "from importlib.metadata import version;"
         "pure = sysconfig.get_path('purelib');"
         "print(json.dumps({'python': sys.version.split()[0], 'jax': version('jax'),"
-        "'nvcc': str(G.te_nvcc()), 'frontend': G._installed('nvidia-cudnn-frontend'),"
+        "'nvcc': str(G.te_nvcc()), 'frontend': G.installed_version('nvidia-cudnn-frontend'),"
         "'nvtx': str(G.nvtx_include_dir([G.te_nvcc().parent.parent])) if G.te_nvcc() else None,"
         "'curand': str(G.te_library('curand')), 'cudnn': str(G.cudnn_version())}))"
     )

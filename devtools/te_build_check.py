@@ -188,7 +188,7 @@ def fetch_members(project: str, version: str, prefixes: Sequence[str] | None, de
         if len(row) > 1
     }
     for name, (data, mode) in blobs.items():
-        if record.get(name) and record[name] != G._record_hash(data):
+        if record.get(name) and record[name] != G.record_hash(data):
             raise SystemExit(f"{project} {version}: {name} differs from the wheel's RECORD.")
         path = dest / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,7 @@ def prepare(cache: Path = CACHE) -> dict:
 
 # ----------------------------------------------------------------------------- the build, cut short
 
-#: Hooks put around the GPU run's own build script (``gpu_setup._SETUP_PY``, which runs TE's
+#: Hooks put around the GPU run's own build script (``gpu_install._SETUP_PY``, which runs TE's
 #: ``setup.py bdist_wheel`` under ``ParallelCompile``): every C++ file but one is only
 #: preprocessed, the link is skipped, and what happened is written to a report.
 _HOOKS = """\
@@ -288,7 +288,7 @@ def build_extension(self, ext):
 _be.build_ext.build_extension = build_extension
 sys.argv = [sys.argv[0], src, dest, jobs]
 try:
-    exec(compile(open(setup_py).read(), "gpu_setup._SETUP_PY", "exec"), {"__name__": "__main__"})
+    exec(compile(open(setup_py).read(), "gpu_install._SETUP_PY", "exec"), {"__name__": "__main__"})
 except Linked:
     done["stopped_before_link"] = True
 json.dump(done, open(report, "w"))

@@ -59,7 +59,7 @@ def test_cutting_carries_the_core_first_and_a_library_last_and_joining_restores_
     cut_bundle,
 ):
     d = cut_bundle
-    manifest = G._manifest(d)
+    manifest = G.read_manifest(d)
     carry = C._carry(d)
     assert (
         not (d / "core" / CORE).exists() and not (d / "extra" / CURAND).exists()
@@ -70,7 +70,7 @@ def test_cutting_carries_the_core_first_and_a_library_last_and_joining_restores_
     joined = C.join_pieces(d, libraries=["curand"])
     assert [p.name for p in joined] == [CORE, CURAND]
     for entry in manifest["files"]:
-        assert G._sha256(d / entry["name"]) == entry["sha256"]
+        assert G.file_sha256(d / entry["name"]) == entry["sha256"]
     assert C.join_pieces(d, libraries=["curand"]) == joined and not list(d.rglob("*.joining"))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from gpu_wheels import make_wheel
 
+from tutorial_utils.cli import gpu_bundle, gpu_install
 from tutorial_utils.cli import gpu_setup as G
 from tutorial_utils.cli.bench import build_parser as bench_parser
 from tutorial_utils.cli.check import build_parser as check_parser
@@ -37,7 +38,7 @@ def _exe(path: Path) -> Path:
 def _bundle(d: Path, built: bool = True) -> Path:
     """A bundle with every requirement for CUDA 13 as a small real wheel (and the sdist)."""
     for req in G.bundle_requirements(13):
-        folder = d / G._folder(req)
+        folder = d / gpu_bundle._folder(req)
         folder.mkdir(parents=True, exist_ok=True)
         stem = req.name.replace("-", "_")
         if req.name == "transformer-engine-jax":
@@ -89,7 +90,7 @@ def test_the_bundle_never_mixes_in_stale_files(tmp_path):
     ):
         G.bundle(tmp_path, 13, clean=True)
     (tmp_path / G.MANIFEST).write_text("{}")
-    G._prepare_folder(tmp_path, clean=True)
+    gpu_bundle._prepare_folder(tmp_path, clean=True)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -233,7 +234,11 @@ def test_a_wheel_built_from_the_same_sdist_is_kept_and_brought_back(tmp_path):
     sdist = next((d / G.BASE).glob("*.tar.gz"))
     (d / G.BUILT / "built.json").write_text(
         json.dumps(
-            {"wheel": wheel.name, "sha256": G._sha256(wheel), "sdist_sha256": G._sha256(sdist)}
+            {
+                "wheel": wheel.name,
+                "sha256": G.file_sha256(wheel),
+                "sdist_sha256": G.file_sha256(sdist),
+            }
         )
     )
     out = tmp_path / "out"
@@ -247,7 +252,7 @@ def test_preflight_lists_every_problem_at_once(tmp_path):
     """On this CPU machine (no CUDA JAX, no cuDNN, no NCCL), with a bundle that lacks the frontend
     and nvtx wheels, preflight names each problem, not only the first."""
     d = _bundle(tmp_path / "gpu-bundle", built=False)
-    for entry in G._manifest(d)["files"]:
+    for entry in G.read_manifest(d)["files"]:
         if Path(entry["name"]).name.startswith(("nvidia_cudnn_frontend", "nvidia_nvtx")):
             (d / entry["name"]).unlink()
     G.write_manifest(d, 13, f"{sys.version_info[0]}.{sys.version_info[1]}")
@@ -262,8 +267,10 @@ def test_preflight_lists_every_problem_at_once(tmp_path):
 
 def test_the_install_takes_tes_three_always_and_the_rest_only_when_missing(tmp_path, monkeypatch):
     d = _bundle(tmp_path / "gpu-bundle")
-    monkeypatch.setattr(G, "_installed", lambda project: "26.4" if project == "packaging" else None)
-    monkeypatch.setattr(G, "te_library", lambda name, **kw: None)
+    monkeypatch.setattr(
+        gpu_install, "installed_version", lambda project: "26.4" if project == "packaging" else None
+    )
+    monkeypatch.setattr(gpu_install, "te_library", lambda name, **kw: None)
     (cmd,) = G.install_commands(d, "python3")
     names = [Path(c).name.split("-")[0] for c in cmd[7:]]
     assert cmd[:7] == [
@@ -282,7 +289,9 @@ def test_the_install_takes_tes_three_always_and_the_rest_only_when_missing(tmp_p
         and "setuptools" not in names
         and "nvidia_cudnn_frontend" not in names
     )
-    monkeypatch.setattr(G, "te_library", lambda name, **kw: ("pip", Path("/x/libcurand.so.10")))
+    monkeypatch.setattr(
+        gpu_install, "te_library", lambda name, **kw: ("pip", Path("/x/libcurand.so.10"))
+    )
     assert "nvidia_curand" not in " ".join(G.install_commands(d, "python3")[0])
     shutil.rmtree(d / G.BUILT)
     with pytest.raises(SystemExit, match=r"run the build step first"):
