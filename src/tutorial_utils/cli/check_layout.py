@@ -261,19 +261,14 @@ def _te():
 
 
 def _fused(A, q, k, v, ids, pos, *, window, max_segments, cp_axis="", strategy=None, stripe=None):
+    from tutorial_utils.te.fused_call import call_fused_attn
+
     desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
-    return A.fused_attn(
+    return call_fused_attn(
+        A,
         (q, k, v),
-        None,
         desc,
-        None,
-        A.AttnBiasType.NO_BIAS,
-        A.AttnMaskType.PADDING_CAUSAL_MASK,
-        A.QKVLayout.THD_THD_THD,
-        A.AttnSoftmaxType.VANILLA_SOFTMAX,
-        q.shape[-1] ** -0.5,
-        0.0,
-        True,
+        scaling_factor=q.shape[-1] ** -0.5,
         max_segments_per_seq=max_segments,
         window_size=window,
         context_parallel_strategy=strategy if strategy is not None else A.CPStrategy.DEFAULT,

@@ -310,6 +310,8 @@ def compute_cell(row: dict, column: str) -> dict:
     from transformer_engine.jax import autocast
     from transformer_engine.jax.sharding import MeshResource
 
+    from tutorial_utils.te.fused_call import call_fused_attn
+
     strategy, stripe = COLUMNS[column]
     thd = row["layout"] == "THD"
     if strategy is not None and not thd and column == "allgather-stripe4":
@@ -326,7 +328,6 @@ def compute_cell(row: dict, column: str) -> dict:
         softmax_type=A.AttnSoftmaxType[row["softmax"]],
         scaling_factor=SCALE,
         dropout_probability=row["dropout"],
-        is_training=True,
         max_segments_per_seq=5 if thd else 1,
         window_size=row["window"],
     )
@@ -350,7 +351,9 @@ def compute_cell(row: dict, column: str) -> dict:
             )
 
             def loss(q, k, v):
-                out = A.fused_attn((q, k, v), bias, desc, seed, softmax_offset=offset, **call_kw)
+                out = call_fused_attn(
+                    A, (q, k, v), desc, bias=bias, seed=seed, softmax_offset=offset, **call_kw
+                )
                 return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32)), out
 
             (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)

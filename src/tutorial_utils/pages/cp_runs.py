@@ -56,43 +56,35 @@ def thd_attention(workload, *, is_training: bool = True, checks: bool = True):
     input the facade refuses; it needs TE's code (real TE, or TE-on-CPU).
     """
     from tutorial_utils import te
-    from tutorial_utils.te.attention import (
-        AttnBiasType,
-        AttnMaskType,
-        AttnSoftmaxType,
-        QKVLayout,
-        fused_attn,
-    )
+    from tutorial_utils.te import attention
+    from tutorial_utils.te.fused_call import call_fused_attn
 
+    attention_module = attention
     if not checks:
         if not te.using_te_code():
             raise ValueError(
                 f"checks=False runs TE's own fused_attn, but the backend is {te.backend_name()!r};"
                 " unset TUTORIAL_TE_BACKEND (or set it to 'te-cpu') to run TE's code."
             )
-        from transformer_engine.jax.attention import fused_attn
+        from transformer_engine.jax import attention as te_attention
 
-    def attention(qkv, seq_desc, **cp_kwargs):
-        return fused_attn(
+        attention_module = te_attention
+
+    def attend(qkv, seq_desc, **cp_kwargs):
+        return call_fused_attn(
+            attention_module,
             qkv,
-            bias=None,
-            sequence_descriptor=seq_desc,
-            seed=None,
-            attn_bias_type=AttnBiasType.NO_BIAS,
-            attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
-            qkv_layout=QKVLayout.THD_THD_THD,
-            softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
+            seq_desc,
             scaling_factor=workload.head_dim**-0.5,
-            dropout_probability=0.0,
-            is_training=is_training,
             max_segments_per_seq=workload.max_segments_per_seq,
             # (-1, 0) becomes None, the spelling every strategy gets right; unchecked, the
             # window goes to TE as written
             window_size=rules.te_window_size(workload.window) if checks else workload.window,
+            is_training=is_training,
             **cp_kwargs,
         )
 
-    return attention
+    return attend
 
 
 te_tolerance = tolerance  # TE's test tolerance for a dtype (cli.check.tolerance)
