@@ -240,7 +240,10 @@ def test_a_wrong_descriptor_fails_the_descriptor_check(monkeypatch):
 
 
 def test_signature_check_notices_a_renamed_parameter(monkeypatch):
-    monkeypatch.setattr(C, "FUSED_ATTN_PARAMS", C.FUSED_ATTN_PARAMS[:-1] + ("return_max_logits",))
+    from tutorial_utils.cli import check_signatures
+
+    renamed = C.FUSED_ATTN_PARAMS[:-1] + ("return_max_logits",)
+    monkeypatch.setattr(check_signatures, "FUSED_ATTN_PARAMS", renamed)
     results, _ = _run(only="facade-signatures")
     assert results["facade-signatures"].verdict == "FAIL"
     assert "fused_attn parameters" in results["facade-signatures"].detail

@@ -660,7 +660,8 @@ def _demo_worker(args) -> int:
     from jax.sharding import PartitionSpec as P
 
     from tutorial_utils import te
-    from tutorial_utils.cli.check import _reference_fwd_bwd, tolerance
+    from tutorial_utils.cli.attention_compare import reference_fwd_bwd as _reference_fwd_bwd
+    from tutorial_utils.cli.attention_compare import tolerance
     from tutorial_utils.context_parallel import context_parallel_attention
     from tutorial_utils.perfmodel.workload import make_qkv, workload_segments
     from tutorial_utils.reorder import ReorderStrategy, reorder_causal_load_balancing
