@@ -255,23 +255,27 @@ def _te():
     from tutorial_utils import te_on_cpu
 
     te_on_cpu.install()
-    from transformer_engine.jax import attention as A
+    from transformer_engine.jax import attention as te_attention
 
-    return te_on_cpu, A
+    return te_on_cpu, te_attention
 
 
-def _fused(A, q, k, v, ids, pos, *, window, max_segments, cp_axis="", strategy=None, stripe=None):
+def _fused(
+    te_attention, q, k, v, ids, pos, *, window, max_segments, cp_axis="", strategy=None, stripe=None
+):
     from tutorial_utils.te.fused_call import call_fused_attn
 
-    desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
+    desc = te_attention.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
     return call_fused_attn(
-        A,
+        te_attention,
         (q, k, v),
         desc,
         scaling_factor=q.shape[-1] ** -0.5,
         max_segments_per_seq=max_segments,
         window_size=window,
-        context_parallel_strategy=strategy if strategy is not None else A.CPStrategy.DEFAULT,
+        context_parallel_strategy=strategy
+        if strategy is not None
+        else te_attention.CPStrategy.DEFAULT,
         context_parallel_causal_load_balanced=bool(cp_axis),
         context_parallel_axis=cp_axis,
         stripe_size=stripe if cp_axis else None,
@@ -301,16 +305,18 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    te_on_cpu, A = _te()
+    te_on_cpu, te_attention = _te()
     from transformer_engine.jax.sharding import MeshResource
 
     te = sys.modules["transformer_engine.jax"]
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
     sharding = NamedSharding(mesh, P(None, "cp"))
-    strat = A.CPStrategy.RING if strategy == "ring" else A.CPStrategy.ALL_GATHER
+    strat = (
+        te_attention.CPStrategy.RING if strategy == "ring" else te_attention.CPStrategy.ALL_GATHER
+    )
     fn = functools.partial(
         _fused,
-        A,
+        te_attention,
         window=window,
         max_segments=max_segments,
         cp_axis="cp",
@@ -330,12 +336,16 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
 
     def run(q, k, v, ids, pos):
         def put(x):
-            x = A.reorder_causal_load_balancing(x, A.ReorderStrategy.Striped, cp, 1, stripe)
+            x = te_attention.reorder_causal_load_balancing(
+                x, te_attention.ReorderStrategy.Striped, cp, 1, stripe
+            )
             return jax.device_put(x, sharding)
 
         out = compiled(*(put(x) for x in (q, k, v, ids, pos)))
         return np.asarray(
-            A.inverse_reorder_causal_load_balancing(out, A.ReorderStrategy.Striped, cp, 1, stripe)
+            te_attention.inverse_reorder_causal_load_balancing(
+                out, te_attention.ReorderStrategy.Striped, cp, 1, stripe
+            )
         )
 
     return run, _memory(compiled, cp)
@@ -345,10 +355,12 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
 def _one_device_program(window, max_segments, batch, seq, head_dim):
     import jax
 
-    te_on_cpu, A = _te()
+    te_on_cpu, te_attention = _te()
     with te_on_cpu.allow_fp32():
         compiled = (
-            jax.jit(functools.partial(_fused, A, window=window, max_segments=max_segments))
+            jax.jit(
+                functools.partial(_fused, te_attention, window=window, max_segments=max_segments)
+            )
             .lower(*_abstract(batch, seq, head_dim))
             .compile()
         )

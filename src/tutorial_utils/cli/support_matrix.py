@@ -274,11 +274,13 @@ def _reorders(strategy, stripe):
     would compile them again.
     """
     import jax
-    from transformer_engine.jax import attention as A
+    from transformer_engine.jax import attention as te_attention
 
     return (
-        jax.jit(lambda a: A.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
-        jax.jit(lambda a: A.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
+        jax.jit(lambda a: te_attention.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
+        jax.jit(
+            lambda a: te_attention.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)
+        ),
     )
 
 
@@ -306,7 +308,7 @@ def compute_cell(row: dict, column: str) -> dict:
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
-    from transformer_engine.jax import attention as A
+    from transformer_engine.jax import attention as te_attention
     from transformer_engine.jax import autocast
     from transformer_engine.jax.sharding import MeshResource
 
@@ -320,12 +322,14 @@ def compute_cell(row: dict, column: str) -> dict:
             "note": "BSHD load-balances with DualChunkSwap; stripe_size applies to THD only",
         }
     x = _inputs(row)
-    layout = A.QKVLayout.THD_THD_THD if thd else A.QKVLayout.BSHD_BSHD_BSHD
+    layout = te_attention.QKVLayout.THD_THD_THD if thd else te_attention.QKVLayout.BSHD_BSHD_BSHD
     kw = dict(
-        attn_bias_type=A.AttnBiasType.POST_SCALE_BIAS if row["bias"] else A.AttnBiasType.NO_BIAS,
-        attn_mask_type=A.AttnMaskType[row["mask"]],
+        attn_bias_type=te_attention.AttnBiasType.POST_SCALE_BIAS
+        if row["bias"]
+        else te_attention.AttnBiasType.NO_BIAS,
+        attn_mask_type=te_attention.AttnMaskType[row["mask"]],
         qkv_layout=layout,
-        softmax_type=A.AttnSoftmaxType[row["softmax"]],
+        softmax_type=te_attention.AttnSoftmaxType[row["softmax"]],
         scaling_factor=SCALE,
         dropout_probability=row["dropout"],
         max_segments_per_seq=5 if thd else 1,
@@ -345,14 +349,24 @@ def compute_cell(row: dict, column: str) -> dict:
     def make_run(call_kw):
         def run(q, k, v, do, ids_q, ids_kv, pos_q, pos_kv):
             desc = (
-                A.SequenceDescriptor.from_segment_ids_and_pos((ids_q, ids_kv), (pos_q, pos_kv))
+                te_attention.SequenceDescriptor.from_segment_ids_and_pos(
+                    (ids_q, ids_kv), (pos_q, pos_kv)
+                )
                 if thd
-                else A.SequenceDescriptor.from_seqlens(tuple(jnp.asarray(n) for n in x["lens"]))
+                else te_attention.SequenceDescriptor.from_seqlens(
+                    tuple(jnp.asarray(n) for n in x["lens"])
+                )
             )
 
             def loss(q, k, v):
                 out = call_fused_attn(
-                    A, (q, k, v), desc, bias=bias, seed=seed, softmax_offset=offset, **call_kw
+                    te_attention,
+                    (q, k, v),
+                    desc,
+                    bias=bias,
+                    seed=seed,
+                    softmax_offset=offset,
+                    **call_kw,
                 )
                 return jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32)), out
 
@@ -367,12 +381,16 @@ def compute_cell(row: dict, column: str) -> dict:
         else:
             mesh = Mesh(np.array(jax.devices()[:CP]), ("cp",))
             sharding = NamedSharding(mesh, P(None, "cp"))
-            reorder = A.ReorderStrategy.Striped if thd else A.ReorderStrategy.DualChunkSwap
+            reorder = (
+                te_attention.ReorderStrategy.Striped
+                if thd
+                else te_attention.ReorderStrategy.DualChunkSwap
+            )
             st = stripe if thd else None
             ro, back = _reorders(reorder, st)
             cp_kw = dict(
                 kw,
-                context_parallel_strategy=A.CPStrategy[strategy],
+                context_parallel_strategy=te_attention.CPStrategy[strategy],
                 context_parallel_causal_load_balanced=True,
                 context_parallel_axis="cp",
                 stripe_size=st,
