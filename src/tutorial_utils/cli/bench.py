@@ -24,11 +24,12 @@ Two kernels time them: ``reference`` (the pure-JAX blockwise kernel with the per
 any platform) and ``te`` (real TE ``fused_attn`` on a GPU). TE's public call has no per-token
 mask for striped queries, so each sub-problem becomes ragged THD runs
 (``SequenceDescriptor.from_seqlens_and_offsets``): AllGather runs are bottom-right aligned
-against their segment's keys from position 0 (the construction te-semantics.md §6.1
-describes for TE's own AllGather), and Ring steps are top-left runs whose window is converted
-to local indices. :func:`ragged_visibility` turns such runs back into a mask, and the tests
-check it equals the per-token mask, so the descriptors are verified on CPU even though the TE
-kernel itself has not been run here.
+against their segment's keys from position 0 (the construction TE's own AllGather uses:
+``_FusedAttnCPWithAllGatherHelper.get_adjusted_mask`` and the ``*_for_striped_for_rank``
+helpers in ``transformer_engine/jax/cpp_extensions/attention.py``), and Ring steps are top-left
+runs whose window is converted to local indices. :func:`ragged_visibility` turns such runs back
+into a mask, and the tests check it equals the per-token mask, so the descriptors are verified
+on CPU even though the TE kernel itself has not been run here.
 """
 
 from __future__ import annotations
