@@ -912,21 +912,19 @@ def _facade():
 
 
 def _thd_fused(ta, q, k, v, desc, *, wl, window, max_segments, mask=None, cp_kwargs=None):
-    return ta.fused_attn(
+    from tutorial_utils.te.fused_call import call_fused_attn
+
+    options = dict(cp_kwargs or {})
+    if mask is not None:
+        options["attn_mask_type"] = mask
+    return call_fused_attn(
+        ta,
         (q, k, v),
-        None,
         desc,
-        None,
-        attn_bias_type=ta.AttnBiasType.NO_BIAS,
-        attn_mask_type=mask if mask is not None else ta.AttnMaskType.PADDING_CAUSAL_MASK,
-        qkv_layout=ta.QKVLayout.THD_THD_THD,
-        softmax_type=ta.AttnSoftmaxType.VANILLA_SOFTMAX,
         scaling_factor=wl.scaling_factor,
-        dropout_probability=0.0,
-        is_training=True,
         max_segments_per_seq=max_segments,
         window_size=rules.te_window_size(window),
-        **(cp_kwargs or {}),
+        **options,
     )
 
 
