@@ -22,6 +22,7 @@ from cli_run import exit_status_and_stderr
 from launch_demo_checks import assert_demo_passed
 
 from tutorial_utils.cli import launch as L
+from tutorial_utils.cli.process_launcher import target_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 120  # a failure must surface within this many seconds
@@ -92,10 +93,10 @@ def test_child_env_replaces_the_device_count_and_sets_the_coordinator():
 def test_target_argv_module_or_script(tmp_path):
     script = tmp_path / "w.py"
     script.write_text("print(1)\n")
-    assert L._target_argv(["pkg.mod", "--x"]) == [sys.executable, "-m", "pkg.mod", "--x"]
-    assert L._target_argv([str(script), "a"]) == [sys.executable, str(script), "a"]
+    assert target_argv(["pkg.mod", "--x"]) == [sys.executable, "-m", "pkg.mod", "--x"]
+    assert target_argv([str(script), "a"]) == [sys.executable, str(script), "a"]
     with pytest.raises(ValueError, match="nothing to launch"):
-        L._target_argv([])
+        target_argv([])
 
 
 def test_initialize_without_settings_runs_alone(monkeypatch):
