@@ -14,7 +14,7 @@ Variants, each measured in a fresh subprocess so peak memory is its own:
 * ``oracle``    - ``jax.nn.dot_product_attention(..., mask=<explicit bool [S, S]>,
   implementation="xla")``, the mask built from the same segment ids / positions.
 
-Per variant: median of 3 timed calls after 1 warm-up (``tutorial_utils.cli.bench.time_fn``;
+Per variant: median of 3 timed calls after 1 warm-up (``tutorial_utils.perfmodel.timing.time_fn``;
 compilation excluded), XLA's compiled memory analysis (temp + argument + output bytes), and
 the growth of the process's peak RSS (``ru_maxrss``) over its baseline after imports and
 input creation. A variant whose XLA estimate exceeds ``--limit-gib`` (default 12 GiB, or 60% of
