@@ -291,17 +291,14 @@ def te_attention_loss(
     return loss
 
 
-def cp_attention_loss(
-    mesh: Mesh, *, strategy: str, stripe_size: int, window_size, scaling_factor: float
-) -> Callable:
+def cp_attention_loss(mesh: Mesh, workload, *, strategy: str, stripe_size: int) -> Callable:
     """``loss(qkv, ids, pos, dout) -> (vdot(out, dout), out)`` through the tutorial's CP attention.
 
     Args:
         mesh: The mesh with axis ``cp``.
+        workload: The workload whose window and softmax scale the attention uses.
         strategy: ``"allgather"``, ``"ring"`` or ``"ulysses"``.
         stripe_size: The stripe the inputs were reordered with.
-        window_size: TE's ``(left, right)`` window, or ``None``.
-        scaling_factor: The softmax scale.
 
     Returns:
         The loss (64-token blocks), for ``jax.value_and_grad(..., has_aux=True)``.
@@ -316,8 +313,8 @@ def cp_attention_loss(
             axis_name="cp",
             strategy=strategy,
             stripe_size=stripe_size,
-            window_size=window_size,
-            scaling_factor=scaling_factor,
+            window_size=workload.window,
+            scaling_factor=workload.scaling_factor,
             block_q=64,
             block_kv=64,
         )

@@ -248,13 +248,7 @@ def cp_case(strategy: str, devices: Sequence) -> dict:
         jax.device_put(fwd(jnp.asarray(pos)), t_sh),
     )
     dout_r = jax.device_put(fwd(dout), x_sh)
-    loss = cp_attention_loss(
-        mesh,
-        strategy=strategy,
-        stripe_size=stripe,
-        window_size=wl.window,
-        scaling_factor=wl.scaling_factor,
-    )
+    loss = cp_attention_loss(mesh, wl, strategy=strategy, stripe_size=stripe)
     with highest_precision():
         (_, out_r), grads_r = jax.jit(jax.value_and_grad(loss, has_aux=True))(
             qkv, ids_r, pos_r, dout_r

@@ -254,21 +254,17 @@ def te_configs(quick: bool) -> list[dict]:
     ids_bshd = (ar[None, :] < lens[:, None]).astype(np.int32)
     pos_bshd = np.tile(ar[None, :], (2, 1)).astype(np.int32)
     thd = dict(layout="THD_THD_THD", mask="PADDING_CAUSAL_MASK", b=2, s=512, hq=8, hkv=2, d=64)
+    bshd = dict(layout="BSHD_BSHD_BSHD", b=2, s=256, d=64, window=None, pos=pos_bshd)
     cfgs = [
         dict(name="thd-gqa-causal", **thd, window=None, ids=ids_slot, pos=pos_slot),
         dict(name="thd-gqa-swa", **thd, window=(48, 0), ids=ids_rand, pos=pos_rand),
         dict(
             name="bshd-padding-causal",
-            layout="BSHD_BSHD_BSHD",
+            **bshd,
             mask="PADDING_CAUSAL_MASK",
-            b=2,
-            s=256,
             hq=4,
             hkv=4,
-            d=64,
-            window=None,
             ids=ids_bshd,
-            pos=pos_bshd,
             seqlens=lens,
         ),
     ]
@@ -276,16 +272,11 @@ def te_configs(quick: bool) -> list[dict]:
         cfgs.append(
             dict(
                 name="bshd-causal-gqa",
-                layout="BSHD_BSHD_BSHD",
+                **bshd,
                 mask="CAUSAL_MASK",
-                b=2,
-                s=256,
                 hq=8,
                 hkv=2,
-                d=64,
-                window=None,
                 ids=np.ones((2, 256), np.int32),
-                pos=pos_bshd,
             )
         )
         cfgs.append(dict(name="thd-seed-shape", seed_shape=True))

@@ -141,13 +141,7 @@ def _run_strategy(strategy: str, wl, mesh, x_sh, t_sh, host: dict, perm_np):
         with jax.set_mesh(mesh), te.autocast(mesh_resource=te.MeshResource(cp_resource="cp")):
             (loss_v, out), grads = fn(qkv, desc, dout_g)
         return loss_v, out, grads
-    loss = cp_attention_loss(
-        mesh,
-        strategy=base,
-        stripe_size=stripe,
-        window_size=wl.window,
-        scaling_factor=wl.scaling_factor,
-    )
+    loss = cp_attention_loss(mesh, wl, strategy=base, stripe_size=stripe)
     fn = jax.jit(
         jax.value_and_grad(loss, has_aux=True),
         in_shardings=((x_sh,) * 3, t_sh, t_sh, x_sh),
