@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,11 @@ from tutorial_utils.cli import launch as L
 from tutorial_utils.cli.process_launcher import target_argv
 
 ROOT = Path(__file__).resolve().parents[1]
-BOUND_S = 120  # a failure must surface within this many seconds
+#: The launcher's --timeout and the subprocess's timeout: hang guards only, far above what any
+#: run needs, so that a slow, busy machine passes; what each test checks is who stopped the ranks
+#: and why, from the launcher's summary and the ranks' own output.
+LAUNCH_TIMEOUT_S = 600
+HANG_GUARD_S = LAUNCH_TIMEOUT_S + 60
 
 
 def _env():
@@ -37,17 +40,35 @@ def _env():
     return env
 
 
-def _launch(*args, timeout=170):
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tutorial_utils.cli.launch", *args],
+def _launch(*args):
+    """Run the launcher with ``args`` and --timeout LAUNCH_TIMEOUT_S (a hang guard)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tutorial_utils.cli.launch",
+            *args,
+            "--timeout",
+            str(LAUNCH_TIMEOUT_S),
+        ],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=HANG_GUARD_S,
         cwd=ROOT,
     )
-    return proc, time.monotonic() - t0
+
+
+def _summary(stderr: str) -> str:
+    """The launcher's last line: each rank's fate."""
+    return stderr.strip().splitlines()[-1]
+
+
+def _assert_not_timed_out(proc):
+    """The ranks ended by themselves or by the launcher, never by the hang guard."""
+    assert proc.returncode != L.EXIT_LAUNCH_TIMEOUT, proc.stderr[-2000:]
+    assert "TIMEOUT after" not in proc.stderr
+    assert not _summary(proc.stderr).startswith("FAILED: timed out"), proc.stderr[-2000:]
 
 
 def _rank_lines(stdout: str, rank: int):
@@ -191,21 +212,17 @@ def test_the_backend_option_reaches_every_rank(monkeypatch):
 def test_two_processes_run_te_s_allgather_and_ring_like_one_process(tmp_path):
     """The default demo on the default backend: TE's code in every process, bf16, both strategies in
     one launch."""
-    proc, wall = _launch(
-        "-n", "2", "--timeout", "280", "--demo", "--out", str(tmp_path), timeout=300
-    )
+    proc = _launch("-n", "2", "--demo", "--out", str(tmp_path))
     assert_demo_passed(proc.returncode, proc.stdout, proc.stderr, tmp_path, nprocs=2)
-    print(f"2-process demo: {wall:.1f} s")
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
-    # --on-failure wait: the launcher does not stop the others; JAX's coordination service must.
-    proc, wall = _launch(
+def test_a_rank_that_dies_makes_the_distributed_runtime_stop_the_others():
+    """--on-failure wait: the launcher does not stop the others; JAX's coordination service must,
+    through its heartbeats, long before the hang guard."""
+    proc = _launch(
         "-n",
         "4",
-        "--timeout",
-        "110",
         "--demo",
         "--strategies",
         "te-ring",
@@ -216,13 +233,13 @@ def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
         "--heartbeat-timeout",
         "5",
         "--init-timeout",
-        "40",
+        "120",
     )
     assert proc.returncode != 0
-    assert wall < BOUND_S
+    _assert_not_timed_out(proc)
     assert "rank 2 failed first" in proc.stderr
     assert "injected failure on rank 2" in "\n".join(_rank_lines(proc.stdout, 2))
-    summary = proc.stderr.strip().splitlines()[-1]
+    summary = _summary(proc.stderr)
     for rank in (0, 1, 3):
         out = "\n".join(_rank_lines(proc.stdout, rank))
         # each survivor was stopped by the distributed runtime, which names the dead task
@@ -233,22 +250,26 @@ def test_a_rank_that_dies_makes_the_others_fail_within_the_bound():
 
 @pytest.mark.slow
 def test_the_launcher_stops_the_others_at_the_first_failure():
-    proc, wall = _launch(
-        "-n", "4", "--timeout", "110", "--demo", "--strategies", "te-ring", "--fail-rank", "1"
-    )
+    """--on-failure kill (the default): the launcher stops every other rank itself, at once,
+    rather than leaving them to the distributed runtime's heartbeat timeout or the hang guard."""
+    proc = _launch("-n", "4", "--demo", "--strategies", "te-ring", "--fail-rank", "1")
     assert proc.returncode == 1
-    assert wall < 60
+    _assert_not_timed_out(proc)
     assert "rank 1 failed first (exit code 1)" in proc.stderr
-    assert "because rank 1 failed" in proc.stderr
+    assert "stopping ranks 0,2,3 because rank 1 failed" in proc.stderr
+    summary = _summary(proc.stderr)
+    assert "rank 1: exit code 1" in summary, summary
+    for rank in (0, 2, 3):  # still running when the launcher saw rank 1 fail
+        assert f"rank {rank}: stopped by the launcher" in summary, summary
 
 
 @pytest.mark.slow
 def test_a_rank_that_never_starts_makes_initialization_time_out():
-    proc, wall = _launch(
+    """The others' own init watchdog (--init-timeout) ends them with its exit code, not the
+    launcher's hang guard."""
+    proc = _launch(
         "-n",
         "4",
-        "--timeout",
-        "110",
         "--demo",
         "--strategies",
         "te-ring",
@@ -260,10 +281,13 @@ def test_a_rank_that_never_starts_makes_initialization_time_out():
         "wait",
     )
     assert proc.returncode == L.EXIT_INIT_TIMEOUT
-    assert wall < 60
+    _assert_not_timed_out(proc)
     assert "rank 3 is deliberately not started" in proc.stderr
     assert "Ranks 3 were never started" in proc.stderr
+    summary = _summary(proc.stderr)
+    assert "rank 3: not started (--skip-rank)" in summary, summary
     for rank in (0, 1, 2):
+        assert f"rank {rank}: exit code 3 (distributed initialization timed out)" in summary
         out = "\n".join(_rank_lines(proc.stdout, rank))
         assert "distributed initialization timed out after 6 s" in out
         assert "not all 4 processes joined the coordinator" in out
