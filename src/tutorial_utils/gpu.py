@@ -2,11 +2,15 @@
 
 Whether to simulate CPU devices and which TE backend to use must both be decided before
 JAX starts, and both depend on this answer; TE's NCCL preload lives here too.
+
+JAX is imported only inside :func:`jax_started` and :func:`gpu_present`, and only once it is
+already loaded: this module answers before JAX, and never imports it itself.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,8 +43,6 @@ def jax_started() -> bool:
 
 
 def _cuda_plugin_installed() -> bool:
-    import importlib.util
-
     names = (
         "jax_cuda12_plugin",
         "jax_cuda13_plugin",

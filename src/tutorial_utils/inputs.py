@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["random_qkv", "fixed_slot_segments", "pack_segments", "random_segment_lengths"]
@@ -37,8 +39,6 @@ def random_qkv(
     Raises:
         ValueError: If a size is not a positive int or ``dtype`` is not floating.
     """
-    import jax
-
     for name, value in (
         ("batch", batch),
         ("seq_len", seq_len),
@@ -48,8 +48,6 @@ def random_qkv(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int.")
-    import jax.numpy as jnp
-
     try:
         floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
     except TypeError:

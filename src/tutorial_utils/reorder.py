@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 
+import jax.numpy as jnp
 import numpy as np
 
 from . import rules
@@ -203,8 +204,6 @@ def _apply(tensor, seq_dim: int, index: np.ndarray):
         )
     if isinstance(tensor, np.ndarray):
         return np.take(tensor, index, axis=seq_dim)
-    import jax.numpy as jnp
-
     return jnp.take(tensor, jnp.asarray(index), axis=seq_dim)
 
 

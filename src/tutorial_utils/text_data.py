@@ -8,6 +8,7 @@ topics: nothing is downloaded) with the segment ids and positions TE's THD atten
 from __future__ import annotations
 
 import dataclasses
+from pydoc_data.topics import topics
 
 import numpy as np
 
@@ -52,8 +53,6 @@ def load_documents(max_docs: int | None = None) -> list[bytes]:
     Raises:
         ValueError: If ``max_docs`` is given and is not a positive int.
     """
-    from pydoc_data.topics import topics
-
     if max_docs is not None:
         _positive_int("max_docs", max_docs)
     return [topics[key].encode("utf-8") for key in sorted(topics)][:max_docs]

@@ -16,10 +16,11 @@ directions against TE's code running on CPU.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import rules
-from .reorder import ReorderStrategy
+from .reorder import ReorderStrategy, striped_permutation
 from .reorder import inverse_reorder_causal_load_balancing as undo
 
 # re-exported under their old names; each rule's one home is tutorial_utils.rules
@@ -73,9 +74,6 @@ def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
     Only shapes and dtypes are read (anything with ``.shape`` and ``.dtype``, including
     ``jax.ShapeDtypeStruct`` and tracers), so nothing is added to a traced computation.
     """
-    # here, not at import: device set-up must be able to run before JAX starts
-    import jax.numpy as jnp
-
     arrays = dict(zip(names, (q, k, v)))
     for name, x in arrays.items():
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
@@ -446,8 +444,6 @@ def allgather_mismatch(
     metadata (TE 2.20.2's ``*_for_striped_for_rank`` helpers) and the kernel's reading of
     it, and compares every query's key range with the true one.
     """
-    from .reorder import striped_permutation
-
     ids = np.asarray(segment_ids)
     pos = np.asarray(segment_pos)
     batch, seq = ids.shape
@@ -547,9 +543,6 @@ def gradients_rel_l2(grads, reference) -> float:
     Raises:
         ValueError: the two trees differ in structure or in a leaf's shape.
     """
-    import jax
-    import jax.numpy as jnp
-
     ours, theirs = jax.tree.structure(grads), jax.tree.structure(reference)
     if ours != theirs:
         raise ValueError(

@@ -26,6 +26,10 @@ metadata.
 Verdicts: ``ok`` (validator accepts and TE's CP output is right), ``wrong`` (TE's CP output is
 not), ``rejected`` (TE happened to be right on this batch but the validator rejects it, which it
 is not expected to do: please report it). Exit status 0 for ok, 1 otherwise, 2 for bad input.
+
+TE is imported inside :func:`_te` and :func:`_fused`, after ``te_on_cpu.install()``: the
+stand-in extension must be in place before ``transformer_engine.jax`` (or ``tutorial_utils.te``,
+whose import picks a backend and imports TE) is imported.
 """
 
 from __future__ import annotations
@@ -40,9 +44,16 @@ import sys
 import textwrap
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
 
-from tutorial_utils import rules
+from tutorial_utils import rules, te_on_cpu
+from tutorial_utils.reference import MaskSpec, blockwise_attention
+from tutorial_utils.validation import first_violation
 
 __all__ = [
     "Report",
@@ -252,12 +263,11 @@ def _check_args(cp, strategy, stripe, window, max_segments, head_dim) -> str:
 
 
 def _te():
-    from tutorial_utils import te_on_cpu
-
-    te_on_cpu.install()
+    """TE's JAX package, with the stand-in kernel in place of cuDNN, and its attention module."""
+    te_jax = te_on_cpu.install()
     from transformer_engine.jax import attention as te_attention
 
-    return te_on_cpu, te_attention
+    return te_jax, te_attention
 
 
 def _fused(
@@ -283,8 +293,6 @@ def _fused(
 
 
 def _abstract(batch, seq, head_dim, sharding=None):
-    import jax
-
     x = jax.ShapeDtypeStruct((batch, seq, 1, head_dim), np.float32, sharding=sharding)
     i = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=sharding)
     return x, x, x, i, i
@@ -301,14 +309,7 @@ def _memory(compiled, devices=1) -> int:
 
 @functools.cache
 def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim):
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    te_on_cpu, te_attention = _te()
-    from transformer_engine.jax.sharding import MeshResource
-
-    te = sys.modules["transformer_engine.jax"]
+    te_jax, te_attention = _te()
     mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
     sharding = NamedSharding(mesh, P(None, "cp"))
     strat = (
@@ -326,7 +327,7 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
     with (
         te_on_cpu.allow_fp32(),
         jax.set_mesh(mesh),
-        te.autocast(mesh_resource=MeshResource(cp_resource="cp")),
+        te_jax.autocast(mesh_resource=te_jax.MeshResource(cp_resource="cp")),
     ):
         compiled = (
             jax.jit(fn, in_shardings=(sharding,) * 5, out_shardings=sharding)
@@ -353,9 +354,7 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
 
 @functools.cache
 def _one_device_program(window, max_segments, batch, seq, head_dim):
-    import jax
-
-    te_on_cpu, te_attention = _te()
+    _, te_attention = _te()
     with te_on_cpu.allow_fp32():
         compiled = (
             jax.jit(
@@ -370,10 +369,6 @@ def _one_device_program(window, max_segments, batch, seq, head_dim):
 @functools.cache
 def _reference_program(window, batch, seq, head_dim):
     """Attention as the segment ids and positions define it (never through TE's metadata)."""
-    import jax
-
-    from tutorial_utils.reference import MaskSpec, blockwise_attention
-
     spec = MaskSpec(padding=True, causal=True, window=window or (-1, -1))
 
     def ref(q, k, v, ids, pos):
@@ -440,11 +435,6 @@ def check(
     name after each stage. Raises ``ValueError`` for bad arguments or a memory estimate past the
     limit.
     """
-    import jax
-    import jax.numpy as jnp
-
-    from tutorial_utils.validation import first_violation
-
     t0 = time.perf_counter()
     step = progress or (lambda _stage: None)
     strategy = _check_args(cp, strategy, stripe, window, max_segments, head_dim)
@@ -598,11 +588,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cp < 1:
         parser.error(f"--cp={args.cp} must be >= 1")
-    from tutorial_utils.te_on_cpu import simulate_cpu_devices
-
-    simulate_cpu_devices(args.cp)
-    from tqdm import tqdm
-
+    te_on_cpu.simulate_cpu_devices(args.cp)
     try:
         batches = load_batches(args.batch)
         limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * _GIB)

@@ -4,6 +4,11 @@ The FAQ and chapters state what TE accepts from reading its source; this table i
 instead, by TE's own ``fused_attn`` on :mod:`tutorial_utils.te_on_cpu`'s kernel, against an
 independent dense formula. ``make support-matrix`` writes
 ``results/support_matrix/te-2.20.2-cpu.json``, rendered by ``docs/support_matrix.md``.
+
+TE is imported inside :func:`_te` and :func:`compute_cell`, after ``te_on_cpu.install()``: the
+stand-in extension must be in place before ``transformer_engine.jax`` (or ``tutorial_utils.te``,
+whose import picks a backend and imports TE) is imported. The site's support-matrix page imports
+this module for its constants only, and so loads no TE.
 """
 
 from __future__ import annotations
@@ -15,9 +20,16 @@ import os
 import platform
 import re
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tutorial_utils import te_on_cpu
 
 SCHEMA = "te-support-matrix/1"
 DEFAULT_OUT = (
@@ -137,7 +149,6 @@ def _inputs(row):
     """q/k/v/dO (bf16), ids/pos for q and kv, the boolean visibility mask, sink and bias."""
     rng = np.random.default_rng(sum(map(ord, row["id"])))
     bf = lambda a: np.asarray(a, np.float32)  # noqa: E731
-    import jax.numpy as jnp
 
     def draw(shape):
         return np.asarray(jnp.asarray(rng.normal(size=shape), jnp.bfloat16).astype(jnp.float32))
@@ -217,9 +228,6 @@ def _visible(ids_q, ids_kv, pos_q, pos_kv, *, padding, causal, bottom_right, win
 def _oracle(x):
     """Output and dQ/dK/dV of dense softmax attention (float32 JAX autodiff of a formula written
     here)."""
-    import jax
-    import jax.numpy as jnp
-
     vis, sink, bias = jnp.asarray(x["vis"]), x["sink"], x["bias"]
 
     def attn(q, k, v):
@@ -265,6 +273,14 @@ def _shorten(message: str) -> str:
     return line if len(line) <= 160 else line[:157] + "..."
 
 
+def _te():
+    """TE's JAX package, with the stand-in kernel in place of cuDNN, and its attention module."""
+    te_jax = te_on_cpu.install()
+    from transformer_engine.jax import attention as te_attention
+
+    return te_jax, te_attention
+
+
 @functools.cache
 def _reorders(strategy, stripe):
     """TE's reorder and its inverse for ``CP`` ranks, jitted once per (strategy, stripe) for every
@@ -273,9 +289,7 @@ def _reorders(strategy, stripe):
     Called eagerly, each compiled a few ops per new shape; jitted inside each cell, each cell
     would compile them again.
     """
-    import jax
-    from transformer_engine.jax import attention as te_attention
-
+    _, te_attention = _te()
     return (
         jax.jit(lambda a: te_attention.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
         jax.jit(
@@ -301,17 +315,7 @@ def compute_cell(row: dict, column: str) -> dict:
     a refusal that comes from the stand-in's backend answer, or rows inside a segment that see
     no key (what cuDNN writes there is not known here).
     """
-    from tutorial_utils import te_on_cpu
-
-    te_on_cpu.install()
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-    from transformer_engine.jax import attention as te_attention
-    from transformer_engine.jax import autocast
-    from transformer_engine.jax.sharding import MeshResource
-
+    te_jax, te_attention = _te()
     from tutorial_utils.te.fused_call import call_fused_attn
 
     strategy, stripe = COLUMNS[column]
@@ -395,7 +399,10 @@ def compute_cell(row: dict, column: str) -> dict:
                 context_parallel_axis="cp",
                 stripe_size=st,
             )
-            with jax.set_mesh(mesh), autocast(mesh_resource=MeshResource(cp_resource="cp")):
+            with (
+                jax.set_mesh(mesh),
+                te_jax.autocast(mesh_resource=te_jax.MeshResource(cp_resource="cp")),
+            ):
                 args = [jax.device_put(ro(a), sharding) for a in (q, k, v, do, *ids, *pos)]
                 out, grads = jax.jit(make_run(cp_kw), in_shardings=(sharding,) * 8)(*args)
                 out, grads = back(out), tuple(back(g) for g in grads)
@@ -445,10 +452,6 @@ def counts(record: dict) -> dict[str, dict[str, int]]:
 def compute(
     rows: list[dict] | None = None, columns: list[str] | None = None, progress=None
 ) -> dict:
-    from importlib.metadata import version
-
-    import jax
-
     rows = ROWS if rows is None else rows
     columns = list(COLUMNS) if columns is None else columns
     out_rows = []

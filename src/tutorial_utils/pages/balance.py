@@ -12,6 +12,7 @@ import numpy as np
 
 from tutorial_utils.inputs import fixed_slot_segments, pack_segments, random_segment_lengths
 from tutorial_utils.perfmodel.workcount import WorkCount, count_work
+from tutorial_utils.perfmodel.workload import workload_segments
 
 __all__ = ["balance_scenarios", "balance_layouts", "count_layouts", "balance_table", "BalanceTable"]
 
@@ -25,8 +26,6 @@ def balance_scenarios(workload, seed: int = 7) -> dict[str, tuple]:
     * ``random packing``: 1-6 documents of random lengths per row, starting on a grid of
       1/32 of the row, fully causal (2 rows, drawn with ``seed``).
     """
-    from tutorial_utils.perfmodel.workload import workload_segments
-
     s = workload.seq_len
     one_ids, one_pos = fixed_slot_segments(1, s, 1, s)
     wl_ids, wl_pos = workload_segments(workload)

@@ -4,6 +4,9 @@ A chapter page should show only the code a reader copies into a model (the reord
 and shardings, the ``fused_attn`` call, the compiled step); the bookkeeping around it (the
 comparison with one device, the Ulysses step, timing records) lives here, written once and
 tested.
+
+TE's own ``transformer_engine.jax.attention`` is imported inside :func:`thd_attention`, and only
+for ``checks=False``: on the reference backend TE's code is not loaded, and that path refuses.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tutorial_utils import rules
+import tutorial_utils
+from tutorial_utils import rules, te
 from tutorial_utils.cli.check import tolerance
+from tutorial_utils.context_parallel import context_parallel_attention
 from tutorial_utils.pages.oracle_check import float32_errors, tolerance_table
+from tutorial_utils.perfmodel.records import read_records, source_for, write_record
+from tutorial_utils.perfmodel.timing import make_record
+from tutorial_utils.te import attention
+from tutorial_utils.te.fused_call import call_fused_attn
 
 __all__ = [
     "thd_attention",
@@ -55,10 +64,6 @@ def thd_attention(workload, *, is_training: bool = True, checks: bool = True):
     this project's refusals in front of it, so that a page can show what TE computes for an
     input the facade refuses; it needs TE's code (real TE, or TE-on-CPU).
     """
-    from tutorial_utils import te
-    from tutorial_utils.te import attention
-    from tutorial_utils.te.fused_call import call_fused_attn
-
     attention_module = attention
     if not checks:
         if not te.using_te_code():
@@ -192,8 +197,6 @@ def ulysses_step(
     returns ``((loss, output), (dQ, dK, dV))`` like the chapter's TE step, with the output
     and gradients sharded like Q.
     """
-    from tutorial_utils.context_parallel import context_parallel_attention
-
     x4 = NamedSharding(mesh, P(batch_axis, axis_name, None, None))
     tok = NamedSharding(mesh, P(batch_axis, axis_name))
 
@@ -228,16 +231,14 @@ def striped(x, stripe_size: int, cp_size: int, *, inverse: bool = False):
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _striped(x, stripe_size, cp_size, inverse):
-    from tutorial_utils.te.attention import (
-        ReorderStrategy,
-        inverse_reorder_causal_load_balancing,
-        reorder_causal_load_balancing,
+    reorder = (
+        attention.inverse_reorder_causal_load_balancing
+        if inverse
+        else attention.reorder_causal_load_balancing
     )
-
-    reorder = inverse_reorder_causal_load_balancing if inverse else reorder_causal_load_balancing
     return reorder(
         x,
-        strategy=ReorderStrategy.Striped,
+        strategy=attention.ReorderStrategy.Striped,
         cp_size=cp_size,
         seq_dim=1,
         stripe_size=stripe_size,
@@ -277,13 +278,11 @@ def te_cp_step(
     ``te.autocast(mesh_resource=...)``. ``checks=False``: TE's call alone
     (:func:`thd_attention`). ``backward=False``: the forward pass only, which compiles in
     about half the time, returning ``(loss, output)``."""
-    from tutorial_utils.te.attention import SequenceDescriptor
-
-    attention = thd_attention(workload, checks=checks, is_training=backward)
+    attend = thd_attention(workload, checks=checks, is_training=backward)
 
     def loss(qkv, segment_ids, segment_pos, dout):
-        desc = SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos)
-        out = attention(
+        desc = attention.SequenceDescriptor.from_segment_ids_and_pos(segment_ids, segment_pos)
+        out = attend(
             qkv,
             desc,
             context_parallel_strategy=strategy,
@@ -310,8 +309,6 @@ def repo_root(start: Path | None = None) -> Path:
     ``start`` defaults to the working directory (a notebook runs in ``notebooks/`` or the
     repository root); the package's own folder is tried next.
     """
-    import tutorial_utils
-
     starts = [Path.cwd() if start is None else Path(start), Path(tutorial_utils.__file__).parent]
     for here in starts:
         here = here.resolve()
@@ -393,10 +390,6 @@ def save_timing_record(
     if not digits.isdigit():
         raise ValueError(f"chapter={chapter!r} must be a chapter number such as 5 or '5b'.")
     tag = f"ch{int(digits):02d}{number[len(digits) :]}"
-    from tutorial_utils import te
-    from tutorial_utils.perfmodel.records import source_for, write_record
-    from tutorial_utils.perfmodel.timing import make_record
-
     source = source_for(jax.default_backend(), te.backend_kind())
     notes = (
         "Ulysses runs the pure-JAX reference implementation on every backend (TE has no Ulysses"
@@ -429,8 +422,6 @@ def published_results(directory: Path | None = None, gpu: str = "GB200") -> list
 
     Invalid records are skipped (the Benchmarks page reports them).
     """
-    from tutorial_utils.perfmodel.records import read_records
-
     folder = repo_root() / "results" if directory is None else Path(directory)
     if not folder.is_dir():
         return None

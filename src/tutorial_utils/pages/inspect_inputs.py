@@ -7,9 +7,12 @@ and the chapter cells stay the code a reader would type.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
+
+from tutorial_utils.perfmodel.workload import get_workload
 
 __all__ = [
     "DESCRIPTOR_FIELDS",
@@ -67,8 +70,6 @@ def named_axes(mesh_resource) -> dict[str, str]:
     that matters (which field holds ``"cp"``) is easy to miss in that line. A positional
     ``MeshResource("cp")`` puts ``"cp"`` on ``dp_resource``, and this shows it at a glance.
     """
-    import dataclasses
-
     if not dataclasses.is_dataclass(mesh_resource) or isinstance(mesh_resource, type):
         raise ValueError(
             f"named_axes needs a MeshResource instance, got {type(mesh_resource).__name__}."
@@ -87,8 +88,6 @@ def preset_table(*names: str) -> str:
     ``cpu`` preset keeps the structure of TE's published example (``seed``): two rows of
     four padded slots, GQA, a causal window of half a slot.
     """
-    from tutorial_utils.perfmodel.workload import get_workload
-
     if not names:
         raise ValueError(
             "preset_table() needs at least one preset name, e.g. preset_table('seed', 'cpu')."

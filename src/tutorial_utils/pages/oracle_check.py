@@ -11,6 +11,11 @@ import functools
 import math
 from collections.abc import Mapping
 
+import jax
+import jax.numpy as jnp
+
+from tutorial_utils.perfmodel.workload import get_workload
+
 __all__ = ["MAX_SCORES", "oracle_workload", "ToleranceTable", "tolerance_table", "float32_errors"]
 
 #: The largest ``batch * heads * seq * seq`` score tensor the oracle builds (2**31 fp32 = 8 GiB).
@@ -30,8 +35,6 @@ def oracle_workload(workload, max_scores: int = MAX_SCORES):
         raise ValueError(f"max_scores={max_scores!r} must be a positive int.")
     if workload.batch * workload.num_q_heads * workload.seq_len**2 <= max_scores:
         return workload
-    from tutorial_utils.perfmodel.workload import get_workload
-
     return get_workload("cpu", dtype=workload.dtype)
 
 
@@ -72,8 +75,6 @@ def float32_errors():
     program per shape is a fraction of that. Built on first use so that importing this module
     does not import JAX.
     """
-    import jax
-    import jax.numpy as jnp
 
     @jax.jit
     def errors(got, ref, tol):
@@ -90,8 +91,6 @@ def tolerance_table(pairs: Mapping[str, tuple], tol: float) -> ToleranceTable:
     Why: the chapter asserts one thing (every tensor within tolerance) but should print the
     numbers behind it, so a reader sees how much room is left. Shapes must match.
     """
-    import jax.numpy as jnp
-
     if not pairs:
         raise ValueError("pairs is empty: pass {name: (got, ref)} for at least one tensor.")
     if not (isinstance(tol, (int, float)) and tol > 0):

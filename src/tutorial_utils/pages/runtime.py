@@ -1,8 +1,12 @@
 """Device set-up and the one-line provenance every notebook prints.
 
 XLA reads ``--xla_force_host_platform_device_count`` only when JAX starts its CPU backend, so
-the flag is set before ``import jax`` (only when no GPU is visible); and every executed output
-says which backend and devices produced it.
+the flag is set before the first JAX computation (only when no GPU is visible); and every
+executed output says which backend and devices produced it.
+
+The facade, ``tutorial_utils.te``, is imported inside the functions that report the backend:
+importing it picks the backend and imports TE, which must wait until :func:`setup_devices` has
+run (JAX itself is imported with the package, which starts no backend).
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import textwrap
+from importlib.metadata import version
 
+import jax
+
+from tutorial_utils import te_on_cpu
 from tutorial_utils.gpu import gpu_present
 
 __all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
@@ -45,9 +52,7 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
     if not chosen:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={num_cpu_devices}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if "jax" in sys.modules and not chosen:
-        import jax
-
+    if not chosen:
         have = len(jax.devices())
         if have < num_cpu_devices and jax.default_backend() == "cpu":
             raise RuntimeError(
@@ -56,14 +61,10 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
                 f" XLA_FLAGS={_FLAG}={num_cpu_devices}) before importing jax."
             )
     if os.environ.get("TUTORIAL_TE_BACKEND", "auto").strip().lower() in ("", "auto", "te-cpu"):
-        from tutorial_utils import te_on_cpu
-
         te_on_cpu.install()  # TE's Python, with a CPU kernel in place of cuDNN
 
 
 def _devices_summary():
-    import jax
-
     devs = jax.devices()
     kinds = sorted({d.device_kind for d in devs})
     return jax.default_backend(), len(devs), ", ".join(kinds)
@@ -99,8 +100,6 @@ def backend_line(workload=None) -> str:
 
 def _pkg_version(name: str):
     try:
-        from importlib.metadata import version
-
         return version(name)
     except Exception:  # noqa: BLE001 - absent package
         return None
@@ -118,8 +117,6 @@ def _first_version(*names):
 
 def environment_record() -> dict:
     """Hardware and software facts to store with every benchmark record."""
-    import jax
-
     from tutorial_utils import te
 
     platform_name, count, kinds = _devices_summary()

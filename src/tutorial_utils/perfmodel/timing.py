@@ -11,6 +11,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import jax
+
+from tutorial_utils.pages.runtime import environment_record
+
 __all__ = ["time_fn", "make_record"]
 
 
@@ -22,8 +26,6 @@ def time_fn(fn: Callable, *args, warmup: int = 2, iters: int = 5) -> dict:
     Returns ``mean_ms``, ``std_ms``, ``min_ms``, ``median_ms`` of the timed calls, the first
     call's time as ``first_call_ms``, and ``iters`` and ``warmup``.
     """
-    import jax
-
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be an int >= 0.")
     if not isinstance(iters, int) or iters < 1:
@@ -68,8 +70,6 @@ def make_record(
     going through the process's TE backend (a kernel benchmark), so the record says what
     computed its numbers; ``kind`` is one of ``'te'``, ``'te-cpu'``, ``'reference'``.
     """
-    from tutorial_utils.pages.runtime import environment_record
-
     hardware = environment_record()
     if backend is not None:
         hardware["backend"], hardware["backend_kind"] = backend

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from tutorial_utils import rules
+from tutorial_utils.perfmodel.workload import workload_segments
 from tutorial_utils.reorder import ReorderStrategy, rank_token_indices
 from tutorial_utils.validation import check_window
 
@@ -551,8 +552,6 @@ def count_workload(
 ) -> WorkCount:
     """:func:`count_work` for a :class:`~tutorial_utils.perfmodel.workload.Workload` (its fixed-slot
     packing)."""
-    from tutorial_utils.perfmodel.workload import workload_segments
-
     ids, pos = workload_segments(workload)
     return count_work(
         ids,

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
+
+import jax
+import jax.numpy as jnp
 
 from tutorial_utils import rules
 from tutorial_utils.inputs import fixed_slot_segments, random_qkv
+from tutorial_utils.validation import check_window
 
 __all__ = [
     "Workload",
@@ -86,10 +89,6 @@ class Workload:
                 f"Workload.valid_per_slot={self.valid_per_slot} exceeds the slot length"
                 f" {self.slot_len}; it must be at most seq_len/segments_per_row."
             )
-        from tutorial_utils.validation import (
-            check_window,  # local import: validation imports nothing from here
-        )
-
         object.__setattr__(self, "window", check_window(self.window, name="Workload.window"))
         if self.dtype not in _DTYPES:
             raise ValueError(
@@ -125,8 +124,6 @@ class Workload:
 
     @property
     def jnp_dtype(self):
-        import jax.numpy as jnp
-
         return getattr(jnp, self.dtype)
 
     def stripe_for(self, strategy) -> int:
@@ -267,12 +264,6 @@ def workload_for_devices(default: str = "cpu") -> Workload:
     Call it after ``import jax``; every chapter that builds a mesh uses it, so the mesh, the
     reorders and the ``Backend:`` line all agree on one CP size.
     """
-    if "jax" not in sys.modules:
-        raise RuntimeError(
-            "workload_for_devices() needs JAX's devices: import jax first (after setup_devices())."
-        )
-    import jax
-
     return fit_cp_to_devices(preset_from_env(default), len(jax.devices()))
 
 

@@ -3,12 +3,16 @@
 The same notebook cell must run real TE on a GPU node and TE's own Python everywhere else.
 ``TUTORIAL_TE_BACKEND`` chooses: ``auto`` (default: real TE if a GPU is visible and TE
 imports, else TE-on-CPU, else the pure-JAX reference), ``te``, ``te-cpu`` or ``reference``.
+
+:mod:`tutorial_utils.te_on_cpu` is imported inside the functions that use it: only the
+``te-cpu`` backend needs it, and choosing real TE or the reference does not load it.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from importlib.metadata import version
 
 from ..gpu import gpu_present, preload_nccl
 
@@ -19,8 +23,6 @@ REFERENCE_NAME = "reference (pure JAX, TE 2.20.2 semantics)"
 
 def _te_version(module) -> str:
     try:
-        from importlib.metadata import version
-
         return version("transformer-engine")
     except Exception:  # noqa: BLE001 - metadata missing in source builds
         return getattr(module, "__version__", "unknown")
@@ -34,7 +36,7 @@ def _import_real_te():
 
 
 def _import_te_on_cpu():
-    from tutorial_utils import te_on_cpu
+    from .. import te_on_cpu
 
     return te_on_cpu.install()
 
@@ -120,7 +122,7 @@ def backend_name() -> str:
     if BACKEND_KIND == "te":
         return f"TransformerEngine {_te_version(REAL_TE)} (real cuDNN kernels)"
     if BACKEND_KIND == "te-cpu":
-        from tutorial_utils.te_on_cpu import BACKEND_DESCRIPTION
+        from ..te_on_cpu import BACKEND_DESCRIPTION
 
         return f"TransformerEngine {_te_version(REAL_TE)} ({BACKEND_DESCRIPTION})"
     return REFERENCE_NAME + (f" ({WHY_NOT_TE})" if WHY_NOT_TE else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import jax
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -199,8 +200,6 @@ def _guard(name: str, cp_axis: str, ndim: int):
     The callbacks are module-level functions bound with ``functools.partial`` (not closures),
     so the test run's compilation cache can name them and cache the programs that use them.
     """
-    from jax.experimental.custom_partitioning import custom_partitioning
-
     ident = custom_partitioning(_identity)
     letters = " ".join(f"d{i}" for i in range(ndim))
     ident.def_partition(

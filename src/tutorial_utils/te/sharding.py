@@ -9,7 +9,14 @@ from __future__ import annotations
 import dataclasses
 from contextlib import contextmanager
 
+import jax
+
 from ._backend import REAL_TE
+
+try:  # JAX's private home of the ``with mesh:`` context; if it moves, only that lookup is lost
+    from jax._src.mesh import thread_resources
+except ImportError:
+    thread_resources = None
 
 __all__ = [
     "MeshResource",
@@ -109,14 +116,12 @@ def active_mesh():
         The abstract mesh set with ``jax.set_mesh``, else the physical mesh of a
         ``with mesh:`` block, else ``None``.
     """
-    import jax
-
     abstract = jax.sharding.get_abstract_mesh()
     if abstract is not None and not getattr(abstract, "empty", False) and abstract.axis_names:
         return abstract
+    if thread_resources is None:
+        return None
     try:
-        from jax._src.mesh import thread_resources
-
         physical = thread_resources.env.physical_mesh
         if physical is not None and not physical.empty:
             return physical

@@ -18,6 +18,18 @@ import tempfile
 import threading
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from tutorial_utils.reference import _sink_array
+
+try:  # POSIX only: elsewhere builders are not serialised (see _build_lock)
+    import fcntl
+except ImportError:
+    fcntl = None
+
 SOURCE = Path(__file__).with_name("cpu_attention_kernel.cc")
 FWD_TARGET = "tutorial_cpu_attention_fwd"
 BWD_TARGET = "tutorial_cpu_attention_bwd"
@@ -73,8 +85,6 @@ def cache_dir() -> Path:
 
 def _build(cxx: str, include: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    import jaxlib
-
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(), version, jaxlib.__version__, _cpu_signature()]).encode()
     ).hexdigest()[:16]
@@ -95,9 +105,7 @@ def _build(cxx: str, include: str) -> Path:
 def _build_lock(path: Path):
     """An exclusive lock on ``path`` between processes (``fcntl.flock``), or none where there is no
     fcntl."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: builders may race; the rename below still keeps the file whole
+    if fcntl is None:  # not POSIX: builders may race; the rename below still keeps the file whole
         yield
         return
     with open(path, "w") as handle:
@@ -148,8 +156,6 @@ def load() -> tuple[bool, str | None]:
             return _state["loaded"], _state["why_not"]
         why = None
         try:
-            import jax
-
             cxx = _compiler()
             if cxx is None:
                 raise RuntimeError("no C++ compiler found ($CXX, g++, c++, clang++)")
@@ -228,12 +234,6 @@ def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
     ``lo``/``hi`` ``[b, sq]`` int32 are each query row's inclusive key-row range; ``sink`` is
     ``[hq]`` float32 or ``None`` (vanilla softmax).
     """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from tutorial_utils.reference import _sink_array
-
     _check_shapes(q, k, v, lo, hi)
     b, sq, hq, _ = q.shape
     dv = v.shape[-1]
@@ -257,12 +257,6 @@ def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
 
 def attention_bwd(q, k, v, lo, hi, out, lse, dout, sink, *, scale: float):
     """``(dq, dk, dv, dsink)`` in float32 from the forward's ``out`` and ``lse`` ``[b, hq, sq]``."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from tutorial_utils.reference import _sink_array
-
     _check_shapes(q, k, v, lo, hi)
     hq = q.shape[2]
     use_sink = sink is not None

@@ -1,6 +1,8 @@
 """CPU lowerings of TE's two innermost fused-attention primitives, and :func:`install`.
 
 The kernel reads ``cu_seqlens``/``seq_offsets`` as cuDNN does (the package docstring says how).
+TE's ``cpp_extensions`` are imported inside :func:`install`, once the stand-in extension is in
+``sys.modules``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,16 @@ import sys
 import warnings
 from contextlib import contextmanager
 
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+
+from tutorial_utils.reference import (
+    MaskSpec,
+    blockwise_attention,
+    blockwise_backward,
+    dense_attention,
+)
 from tutorial_utils.te_on_cpu import kernel as cpu_kernel
 from tutorial_utils.te_on_cpu.extension import (
     _THD_LAYOUTS,
@@ -32,8 +44,6 @@ from tutorial_utils.te_on_cpu.extension import (
 def _segment_offsets(offsets, n, num_tokens):
     """The first ``n`` segment offsets. TE may pass fewer than it declares (the AllGather striped
     path); the missing ones start past the last token, so they cover nothing."""
-    import jax.numpy as jnp
-
     offs = offsets.reshape(-1).astype(jnp.int32)
     return jnp.pad(offs, (0, max(0, n - offs.shape[0])), constant_values=num_tokens)[:n]
 
@@ -44,8 +54,6 @@ def _query_segments(cu_seqlens, offsets, num_tokens):
     Query runs do not overlap in anything TE produces; if they did, cuDNN's writes would
     race, and the highest segment index wins here.
     """
-    import jax.numpy as jnp
-
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).astype(jnp.int32)
     n = lens.shape[0]
     offs = _segment_offsets(offsets, n, num_tokens)
@@ -61,8 +69,6 @@ def _query_segments(cu_seqlens, offsets, num_tokens):
 
 def _key_ranges(row_in_seg, len_q, kv_start, len_kv, covered, *, causal, bottom_right, window):
     """Inclusive ``[lo, hi]`` key rows for each query row, as cuDNN's mask defines them."""
-    import jax.numpy as jnp
-
     diag = kv_start + row_in_seg + ((len_kv - len_q) if bottom_right else 0)
     lo, hi = kv_start, kv_start + len_kv - 1
     left, right = window
@@ -100,10 +106,6 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
     Returns ``(lo, key_rows, hi, key_rows)`` shaped like the reference's ``(ids_q, ids_kv,
     pos_q, pos_kv)``, the mask spec, and whether the layout is ragged (THD).
     """
-    import jax.numpy as jnp
-
-    from tutorial_utils.reference import MaskSpec
-
     layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
     padding, causal = _mask_flags(config.attn_mask_type.value)
     flags = dict(
@@ -135,8 +137,6 @@ def _metadata(config, q, k, q_cu, kv_cu, q_off, k_off):
 
 
 def _sink(config, softmax_offset, hq):
-    import jax.numpy as jnp
-
     kind = NVTE_Softmax_Type(int(config.softmax_type.value))
     if kind == NVTE_Softmax_Type.NVTE_VANILLA_SOFTMAX:
         return None
@@ -176,10 +176,6 @@ class _Problem:
 def _fwd_kernel(
     q, k, v, bias, softmax_offset, seed, q_cu, kv_cu, q_off, k_off, *_segments, config, avals_out
 ):
-    import jax.numpy as jnp
-
-    from tutorial_utils.reference import blockwise_attention, dense_attention
-
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
     b, sq, hq, ragged, spec, scale, sink = pb.b, pb.sq, pb.hq, pb.ragged, pb.spec, pb.scale, pb.sink
     lo, _, hi, _ = pb.ranges
@@ -239,11 +235,6 @@ def _bwd_kernel(
     config,
     avals_out,
 ):
-    import jax
-    import jax.numpy as jnp
-
-    from tutorial_utils.reference import blockwise_backward, dense_attention
-
     pb = _Problem(config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off)
     layout, b, sq, hq, ragged, spec, scale, sink = (
         pb.layout,
@@ -317,8 +308,6 @@ def _bwd_kernel(
 
 
 def _lowering(kernel):
-    from jax.interpreters import mlir
-
     def rule(ctx, *args, config):
         fn = functools.partial(kernel, config=config, avals_out=ctx.avals_out)
         return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
@@ -388,7 +377,6 @@ def install():
 
     common.load_framework_extension = load_framework_extension
     te_jax = importlib.import_module("transformer_engine.jax")
-    from jax.interpreters import mlir
     from transformer_engine.jax.cpp_extensions import attention as te_attn
 
     mlir.register_lowering(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
+import runpy
 import sys
+
+import jax
 
 from tutorial_utils.te_on_cpu.extension import BACKEND_DESCRIPTION
 
@@ -67,8 +71,6 @@ _CHILD_MARK = "TUTORIAL_TE_ON_CPU_RUNNER"
 
 
 def _parse_runner_args(argv):
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_utils.te_on_cpu",
         description=(
@@ -100,8 +102,6 @@ def simulate_cpu_devices(n: int) -> None:
     ``XLA_FLAGS``/``JAX_PLATFORMS`` (and passes them to processes it starts); one that has
     imported it (this package imports JAX) reads the config.
     """
-    import jax
-
     flags = [
         f
         for f in os.environ.get("XLA_FLAGS", "").split()
@@ -121,8 +121,6 @@ def main(argv=None) -> int:
     place of cuDNN), then runs the script with ``runpy`` as ``__main__``. The script's
     exit status is the runner's.
     """
-    import runpy
-
     ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
     simulate_cpu_devices(ns.devices)
     # the importable module, not this __main__ copy, so that its state is the one everybody sees
