@@ -169,7 +169,7 @@ def te_vs_reference(
             names=f"{layout}/{mask}",
         )
     cols_j = None if cols is None else jnp.asarray(cols)
-    dout_used = dout if cols is None else dout[:, cols_j]
+    rows = slice(None) if cols is None else cols_j  # the query rows the loss sees
     # The loss only sees the ``cols`` rows: dO is zero elsewhere (same gradients as slicing, no
     # gather).
     if cols is None:
@@ -193,12 +193,11 @@ def te_vs_reference(
     if cols_j is not None:
         out_te = out_te[:, cols_j]
     ids_j, pos_j = jnp.asarray(ids), jnp.asarray(pos)
-    rows = slice(None) if cols is None else cols_j
     ref_out, ref_grads = reference_fwd_bwd(
         q[:, rows],
         k,
         v,
-        dout_used,
+        dout[:, rows],
         ids_j[:, rows],
         ids_j,
         pos_j[:, rows],
