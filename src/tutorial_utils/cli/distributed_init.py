@@ -134,8 +134,9 @@ def initialize(
     """Join the JAX distributed runtime; call it first in every worker, before any JAX computation.
 
     Arguments default to ``COORDINATOR_ADDRESS`` / ``NUM_PROCESSES`` / ``PROCESS_ID`` (set by
-    ``python -m tutorial_utils.cli.launch``), else to JAX's own detection of SLURM (``SLURM_PROCID``, ``SLURM_NTASKS``)
-    or Open MPI. Without any of them the process runs alone (nothing is initialised).
+    ``python -m tutorial_utils.cli.launch``), else to JAX's own detection of SLURM
+    (``SLURM_PROCID``, ``SLURM_NTASKS``) or Open MPI. Without any of them the process runs alone
+    (nothing is initialised).
 
     Timeouts (seconds; env ``CP_LAUNCH_INIT_TIMEOUT``, ``CP_LAUNCH_HEARTBEAT_TIMEOUT``,
     ``CP_LAUNCH_SHUTDOWN_TIMEOUT``): a rank that cannot gather all peers within
