@@ -157,14 +157,12 @@ def _is_positive_number(value) -> bool:
 
 def _summary(err_cp, err_one, bound, factor, floor, max_err_one) -> str:
     if not (math.isfinite(err_cp) and math.isfinite(err_one)):
-        return f"CP check FAILED: err_cp {err_cp:.2g}, err_one {err_one:.2g}: not finite"
+        return f"CP check FAILED: err_cp {err_cp:.3g}, err_one {err_one:.3g}: not finite"
     if err_one > max_err_one:
-        return f"CP check FAILED: err_one {err_one:.2g} > max_err_one {max_err_one:g}"
+        return f"CP check FAILED: err_one {err_one:.3g} > max_err_one {max_err_one:g}"
     verdict, sign = ("passed", "<=") if err_cp <= bound else ("FAILED", ">")
-    return (
-        f"CP check {verdict}: err_cp {err_cp:.2g} {sign} bound {bound:.2g}"
-        f" = max({factor:g} x err_one {err_one:.2g}, {floor:g})"
-    )
+    how = f"{factor:g} x err_one" if factor * err_one >= floor else "the floor; err_one"
+    return f"CP check {verdict}: err_cp {err_cp:.3g} {sign} bound {bound:.3g} ({how} {err_one:.3g})"
 
 
 def check_cp_gradients(

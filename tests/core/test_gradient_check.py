@@ -82,22 +82,27 @@ def test_the_old_rule_fails_the_same_correct_run():
 def test_a_cp_run_beyond_the_bound_fails_and_names_numbers_and_causes():
     check = check_cp_gradients(off_by(0.2, seed=1), off_by(0.006, seed=2), REFERENCE)
     assert not check.passed
-    assert check.summary.startswith("CP check FAILED: err_cp 0.2 > bound 0.015")
+    bound = f"{FACTOR * 0.006:.3g}"
+    assert (
+        check.summary == f"CP check FAILED: err_cp 0.2 > bound {bound} ({FACTOR:g} x err_one 0.006)"
+    )
     with pytest.raises(AssertionError) as raised:
         check.raise_if_failed()
     message = str(raised.value)
-    for words in ("0.2", "0.015", "not reordered", "shift inside the model", "(47, 0)", "(-1, 0)"):
+    for words in ("0.2", bound, "not reordered", "shift inside the model", "(47, 0)", "(-1, 0)"):
         assert words in message, (words, message)
     with pytest.raises(AssertionError, match="not reordered"):
         check_cp_gradients(off_by(0.2), off_by(0.006), REFERENCE, strict=True)
     # just beyond the bound fails, just inside passes
-    assert not check_cp_gradients(off_by(0.0151), off_by(0.006, 2), REFERENCE).passed
-    assert check_cp_gradients(off_by(0.0149), off_by(0.006, 2), REFERENCE).passed
+    just = FACTOR * 0.006
+    assert not check_cp_gradients(off_by(just * 1.01), off_by(0.006, 2), REFERENCE).passed
+    assert check_cp_gradients(off_by(just * 0.99), off_by(0.006, 2), REFERENCE).passed
 
 
 def test_the_floor_bounds_runs_whose_one_device_error_is_zero():
     exact = check_cp_gradients(off_by(1e-6), REFERENCE, REFERENCE)
     assert exact.err_one == 0.0 and exact.bound == FLOOR and exact.passed
+    assert exact.summary.endswith("<= bound 0.0001 (the floor; err_one 0)"), exact.summary
     assert not check_cp_gradients(off_by(1e-3), REFERENCE, REFERENCE).passed
     assert check_cp_gradients(off_by(1e-3), REFERENCE, REFERENCE, floor=2e-3).passed
     assert check_cp_gradients(off_by(0.05), off_by(0.006, 2), REFERENCE, factor=10).passed
