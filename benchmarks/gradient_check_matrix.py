@@ -61,6 +61,7 @@ if not te_on_cpu.installed():  # run as a plain script, not through `-m tutorial
         te_on_cpu.simulate_cpu_devices(8)
     te_on_cpu.install()
 
+import flax  # noqa: E402
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -610,7 +611,7 @@ def main(argv=None) -> int:
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         source=f"TE's code on CPU, {devices} simulated devices",
         hardware=environment_record(),
-        versions={"flax": __import__("flax").__version__, "numpy": np.__version__},
+        versions={"flax": flax.__version__, "numpy": np.__version__},
         config=dict(
             factor=FACTOR,
             floor=FLOOR,
