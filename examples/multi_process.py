@@ -8,6 +8,7 @@ one GPU. Every process places its shard of the same global batch; process 0 comp
 gathered result with its own one-device call.
 """
 
+import functools
 import os
 import socket
 import subprocess
@@ -114,22 +115,18 @@ mesh, stripe = (
     Mesh(np.array(jax.devices()), ("cp",)),
     dict(strategy=ReorderStrategy.Striped, cp_size=CP, seq_dim=1),
 )
+reorder, restore = (  # jitted: one program per shape, not one per operation
+    jax.jit(functools.partial(f, **stripe))
+    for f in (reorder_causal_load_balancing, inverse_reorder_causal_load_balancing)
+)
 shard = NamedSharding(mesh, P(None, "cp"))
-local = [
-    np.asarray(reorder_causal_load_balancing(jnp.asarray(x), **stripe))
-    for x in (q, k, v, ids, pos, dout)
-]
+local = [np.asarray(reorder(x)) for x in (q, k, v, ids, pos, dout)]
 glob = [
     jax.make_array_from_callback(x.shape, shard, lambda i, x=x: x[i]) for x in local
 ]
 with jax.set_mesh(mesh), te.autocast(mesh_resource=MeshResource(cp_resource="cp")):
     cp = jax.jit(fwd_bwd, static_argnums=6, in_shardings=(shard,) * 6)(*glob, "cp")
-cp = [
-    inverse_reorder_causal_load_balancing(
-        jnp.asarray(process_allgather(x, tiled=True)), **stripe
-    )
-    for x in cp
-]
+cp = [restore(process_allgather(x, tiled=True)) for x in cp]
 ok = True
 if rank == 0:  # process 0 alone runs the one-device call, on its own device
     one = jax.jit(fwd_bwd, static_argnums=6)(q, k, v, ids, pos, dout, "")
