@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +53,25 @@ if not gpu_present():
         "XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The test run's process settings, for the kernels and every process they start
+# (CONTRIBUTING.md, "TCMalloc, OpenBLAS threads, the garbage collector"; none changes a result):
+# TCMalloc where the machine has it (XLA's compiles allocate heavily; TUTORIAL_FAST_MALLOC=0
+# keeps glibc's malloc), one OpenBLAS thread (idle ones spin on cores the build keeps busy), and
+# the collector's larger thresholds (devtools/run_gc.py, applied by devtools/sitecustomize.py).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("TUTORIAL_RUN_GC_THRESHOLDS", "20000 20 20")
+try:
+    _MALLOC = subprocess.run(
+        ["bash", str(ROOT / "tests" / "setup_machine.sh"), "--malloc"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+except OSError:  # no bash: glibc's malloc
+    _MALLOC = ""
+if _MALLOC and _MALLOC not in os.environ.get("LD_PRELOAD", "").split():
+    os.environ["LD_PRELOAD"] = " ".join(filter(None, [_MALLOC, os.environ.get("LD_PRELOAD")]))
 
 # -- Project -------------------------------------------------------------------------------------
 project = "Context-parallel attention in JAX"
