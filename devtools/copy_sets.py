@@ -21,6 +21,7 @@ COPY_SETS = {
     "Pack documents into THD rows": ["inputs"],
     "The reference kernels and CP strategies (an oracle)": ["reference", "context_parallel"],
     "The `te` facade (TE's API with its checks; TE's code on CPU)": ["te"],
+    "Check CP gradients against one device": ["gradient_check"],
     "The small language model and its data pipeline": ["model", "text_data"],
 }
 

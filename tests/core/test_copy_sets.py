@@ -87,22 +87,31 @@ try:
     fused_attn((q, q, q), None, SequenceDescriptor.from_segment_ids_and_pos(ids, pos), None,
         attn_bias_type=AttnBiasType.NO_BIAS, attn_mask_type=AttnMaskType.PADDING_CAUSAL_MASK,
         qkv_layout=QKVLayout.THD_THD_THD, softmax_type=AttnSoftmaxType.VANILLA_SOFTMAX,
-        scaling_factor=0.25, dropout_probability=0.0, is_training=False, max_segments_per_seq=1)
+        scaling_factor=0.25, dropout_probability=1.5, is_training=False, max_segments_per_seq=2)
 except ValueError as err:
-    assert "max_segments_per_seq" in str(err), err
+    assert "dropout_probability=1.5" in str(err), err
 else:
-    raise AssertionError("the copied facade passed max_segments_per_seq=1 for two documents")
+    raise AssertionError("the copied facade passed dropout_probability=1.5")
 """,
     "model": """
 import jax, jax.numpy as jnp, numpy as np
 from P.model import ModelConfig, init_params, loss_fn
-config = ModelConfig(dtype=jnp.float32, max_segments_per_seq=2)
+config = ModelConfig(dtype=jnp.bfloat16, max_segments_per_seq=2)
 params = init_params(config, jax.random.PRNGKey(0))
 tokens = jnp.asarray(np.arange(64)[None] % 256, jnp.int32)
 ids = jnp.asarray(np.repeat([1, 2], 32)[None], jnp.int32)
 pos = jnp.asarray(np.tile(np.arange(32), 2)[None], jnp.int32)
 loss = loss_fn(params, tokens, tokens, jnp.ones_like(tokens), ids, pos, config)
 assert np.isfinite(float(loss)) and float(loss) > 1.0, loss
+""",
+    "gradient_check": """
+import jax.numpy as jnp
+from P.gradient_check import check_cp_gradients, gradients_rel_l2
+ref = {"w": jnp.ones(8)}
+assert gradients_rel_l2(ref, ref) == 0.0
+near = {"w": jnp.ones(8) * 1.001}; far = {"w": jnp.ones(8) * 1.5}
+assert check_cp_gradients(near, near, ref).passed
+assert not check_cp_gradients(far, near, ref).passed
 """,
     "text_data": """
 from P.text_data import decode, encode

@@ -41,8 +41,8 @@ The parts:
   an unmodified TE script on CPU.
 """
 
-from tutorial_utils.te_on_cpu import kernel
-from tutorial_utils.te_on_cpu.extension import (
+from . import kernel
+from .extension import (
     BACKEND_DESCRIPTION,
     CUDNN_CONTRACT,
     LSE_UNCOVERED,
@@ -50,8 +50,8 @@ from tutorial_utils.te_on_cpu.extension import (
     _state,
     unsupported_reason,
 )
-from tutorial_utils.te_on_cpu.lowerings import allow_fp32, install, installed
-from tutorial_utils.te_on_cpu.runner import main, simulate_cpu_devices
+from .lowerings import allow_fp32, install, installed
+from .runner import main, simulate_cpu_devices
 
 __all__ = [
     "install",

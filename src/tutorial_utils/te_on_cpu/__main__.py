@@ -3,6 +3,6 @@ CPU."""
 
 import sys
 
-from tutorial_utils.te_on_cpu.runner import main
+from .runner import main
 
 sys.exit(main())

@@ -11,7 +11,7 @@ import types
 
 import numpy as np
 
-from tutorial_utils import rules
+from .. import rules
 
 __all__ = [
     "STANDIN_NAME",

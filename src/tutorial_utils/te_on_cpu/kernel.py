@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from tutorial_utils.reference import _sink_array
+from ..reference import _sink_array
 
 try:  # POSIX only: elsewhere builders are not serialised (see _build_lock)
     import fcntl

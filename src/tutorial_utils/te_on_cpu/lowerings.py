@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
-from tutorial_utils.reference import (
+from ..reference import (
     MaskSpec,
     blockwise_attention,
     blockwise_backward,
     dense_attention,
 )
-from tutorial_utils.te_on_cpu import kernel as cpu_kernel
-from tutorial_utils.te_on_cpu.extension import (
+from . import kernel as cpu_kernel
+from .extension import (
     _THD_LAYOUTS,
     LSE_UNCOVERED,
     STANDIN_NAME,

@@ -10,7 +10,7 @@ import sys
 
 import jax
 
-from tutorial_utils.te_on_cpu.extension import BACKEND_DESCRIPTION
+from .extension import BACKEND_DESCRIPTION
 
 # ----------------------------------------------------------------------------- the runner for unmod
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
     simulate_cpu_devices(ns.devices)
     # the importable module, not this __main__ copy, so that its state is the one everybody sees
-    runtime = importlib.import_module("tutorial_utils.te_on_cpu")
+    runtime = importlib.import_module(__package__)
     te_jax = runtime.install()
     version = getattr(importlib.import_module("transformer_engine"), "__version__", "?")
     sys.meta_path.insert(0, _RefuseOtherFrameworks())
