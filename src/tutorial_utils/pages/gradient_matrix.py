@@ -14,8 +14,13 @@ from tutorial_utils.perfmodel.records import default_results_dir
 
 __all__ = ["MatrixTable", "gradient_check_matrix"]
 
-MODEL_NAMES = {"ch9": "chapter 9's decoder", "ch7": "chapter 7's LM", "gqa": "GQA, local/global"}
+MODEL_NAMES = {"ch9": "ch. 9 decoder", "ch7": "ch. 7 LM", "gqa": "GQA local/global"}
 STRATEGY_NAMES = {"ring": "Ring", "allgather": "AllGather"}
+
+
+def _num(x: float) -> str:
+    """A number that a narrow cell never splits at its exponent's hyphen."""
+    return f"<span class='cp-num'>{x:.3g}</span>"
 
 
 class MatrixTable:
@@ -27,7 +32,7 @@ class MatrixTable:
     def markdown(self) -> str:
         rows, direct = self.record["rows"], "TE's `fused_attn` called directly"
         lines = [
-            "| model | strategy, cp (stripe) | run | err_cp | err_one | bound | verdict |",
+            "| model | CP (stripe) | run | err_cp | err_one | bound | verdict |",
             "|---|---|---|---|---|---|---|",
         ]
         for r in rows:
@@ -37,7 +42,7 @@ class MatrixTable:
             lines.append(
                 f"| {MODEL_NAMES.get(r['model'], r['model'])} |"
                 f" {STRATEGY_NAMES.get(r['strategy'], r['strategy'])}, {r['cp']} ({r['stripe']})"
-                f" | {run} | {r['err_cp']:.3g} | {r['err_one']:.3g} | {r['bound']:.3g} |"
+                f" | {run} | {_num(r['err_cp'])} | {_num(r['err_one'])} | {_num(r['bound'])} |"
                 f" {verdict} |"
             )
         summary = self.record["summary"]
