@@ -573,28 +573,3 @@ def test_autocast_rejects_quantisation_recipes():
     with pytest.raises(ValueError, match=r"autocast\(enabled=True"):
         with te.autocast(enabled=True):
             pass
-
-
-def test_gradients_rel_l2_is_zero_for_equal_trees_and_measures_a_difference():
-    import jax.numpy as jnp
-
-    from tutorial_utils.validation import gradients_rel_l2
-
-    ref = {"a": jnp.ones((3,)), "b": [jnp.full((2, 2), 2.0, jnp.bfloat16)]}
-    assert gradients_rel_l2(ref, ref) == 0.0
-    off = {"a": jnp.ones((3,)), "b": [jnp.full((2, 2), 3.0, jnp.bfloat16)]}
-    assert abs(gradients_rel_l2(off, ref) - (4 / 19) ** 0.5) < 1e-6  # ||1*4|| / ||3 + 16||
-
-
-def test_gradients_rel_l2_refuses_trees_that_do_not_match():
-    import jax.numpy as jnp
-    import pytest
-
-    from tutorial_utils.validation import gradients_rel_l2
-
-    with pytest.raises(ValueError, match=r"grads has tree .* reference has"):
-        gradients_rel_l2({"a": jnp.ones(3)}, {"b": jnp.ones(3)})
-    with pytest.raises(
-        ValueError, match=r"grads has a leaf of shape \(2,\) where reference has \(3,\)"
-    ):
-        gradients_rel_l2({"a": jnp.ones(2)}, {"a": jnp.ones(3)})

@@ -524,39 +524,3 @@ def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> 
                 f" cp_size={cp_size}, seq_dim=1, stripe_size={stripe})."
             )
     return None  # no reading of the layout explains it better; the validator reports malformed rows
-
-
-def gradients_rel_l2(grads, reference) -> float:
-    """Relative L2 error of all gradients of a pytree together, against ``reference``.
-
-    Why: a CP step is checked against one device by its gradients, not its loss (a loss
-    can sit within a percent while the gradients are wrong), and one number over every
-    parameter compares with the gap that bfloat16 itself opens on one device.
-
-    Args:
-        grads: the gradients to check (any pytree of arrays).
-        reference: the one-device gradients, the same pytree.
-
-    Returns:
-        ``||grads - reference|| / ||reference||`` over all leaves, in float32.
-
-    Raises:
-        ValueError: the two trees differ in structure or in a leaf's shape.
-    """
-    ours, theirs = jax.tree.structure(grads), jax.tree.structure(reference)
-    if ours != theirs:
-        raise ValueError(
-            f"grads has tree {ours}, reference has {theirs}: pass the gradients of the same "
-            "parameters (e.g. both from jax.grad of one model's loss)."
-        )
-    leaves = list(zip(jax.tree.leaves(grads), jax.tree.leaves(reference)))
-    shapes = [(jnp.shape(a), jnp.shape(b)) for a, b in leaves]
-    bad = next(((a, b) for a, b in shapes if a != b), None)
-    if bad is not None:
-        raise ValueError(
-            f"grads has a leaf of shape {bad[0]} where reference has {bad[1]}: compare the "
-            "gradients in the same layout (undo a reorder or a sharding first)."
-        )
-    diff = sum(float(jnp.sum((jnp.float32(a) - jnp.float32(b)) ** 2)) for a, b in leaves)
-    norm = sum(float(jnp.sum(jnp.float32(b) ** 2)) for b in jax.tree.leaves(reference))
-    return (diff / norm) ** 0.5
