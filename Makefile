@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Two workers; a test file is the unit of distribution, so the site build and its browser
-# checks (tests/test_site.py) stay in one worker and the site is built once.
+# checks (tests/site/test_site.py) stay in one worker and the site is built once.
 PYTEST_WORKERS ?= 2
 # The run's environment: TCMalloc preloaded when the machine has it (TUTORIAL_FAST_MALLOC=0: glibc's
 # malloc) and one OpenBLAS thread (CONTRIBUTING.md, "The test run", gives the figures).
@@ -71,9 +71,9 @@ test-fast: $(STAMP)
 # kernels, CP strategies, the facade, the model), which is where a new JAX can break things.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 VENV312 := .venv312
-PY312_TESTS := tests/test_te_on_cpu.py tests/test_te_signatures.py tests/test_model.py \
-	tests/test_package_layout.py tests/test_compile_cache.py \
-	tests/test_performance_page.py
+PY312_TESTS := tests/te_on_cpu/test_te_on_cpu.py tests/te/test_te_signatures.py \
+	tests/core/test_model.py tests/core/test_package_layout.py \
+	tests/devtools/test_compile_cache.py tests/site/test_performance_page.py
 # TE's JAX code under the new JAX: its queries, one device against the oracles, and CP on four
 # devices in float32; the property tests and the rest of the CP matrix run in the 3.11 leg
 PY312_SELECT := not validator and not facade_check and not bf16 and not bfloat16 and \

@@ -2,7 +2,7 @@
 
 Why not a subprocess: argument errors are raised before the tool does any work, and starting
 Python with JAX and TE costs about two seconds of CPU each time; the tools' real processes are
-run, as typed, by tests/test_shown_commands.py and by each tool's own end-to-end tests.
+run, as typed, by tests/site/test_shown_commands.py and by each tool's own end-to-end tests.
 """
 
 from collections.abc import Callable, Sequence

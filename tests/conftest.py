@@ -47,16 +47,24 @@ if (
 # The run's settings reach every process of the run through devtools/sitecustomize.py, which
 # Python loads at start-up from the path: devtools/ goes first on PYTHONPATH for the
 # subprocesses, and this process applies them itself (it started before the path was set).
+# tests/ comes next, here and in the subprocesses: the test folders (core/, te/, cli/ ...) and the
+# scripts in tests/scripts/ import the modules kept here (helpers, cli_run, recipe_runs ...).
 import sys as _sys  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
 
+_TESTS = str(_Path(__file__).resolve().parent)
 _DEVTOOLS = str(_Path(__file__).resolve().parents[1] / "devtools")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_DEVTOOLS]
-    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _DEVTOOLS]
+    [_DEVTOOLS, _TESTS]
+    + [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and p not in (_DEVTOOLS, _TESTS)
+    ]
 )
-if _DEVTOOLS not in _sys.path:
-    _sys.path.insert(0, _DEVTOOLS)
+for _path in (_TESTS, _DEVTOOLS):  # devtools/ ends up first
+    if _path not in _sys.path:
+        _sys.path.insert(0, _path)
 import run_hooks  # noqa: E402
 
 run_hooks.install()
@@ -66,9 +74,9 @@ def pytest_collection_finish(session):
     """Python's cyclic GC, tuned for a worker that holds every test module and JAX's caches.
 
     Freezing what collection imported moves it out of every later full collection, and larger
-    thresholds collect less often: on tests/test_context_parallel.py + test_reference.py, GC went
-    from 2.4 CPU s in 2,461 collections to 0.35 s in 310. Only collection timing changes; what
-    is garbage still gets collected.
+    thresholds collect less often: on tests/core/test_context_parallel.py + test_reference.py,
+    GC went from 2.4 CPU s in 2,461 collections to 0.35 s in 310. Only collection timing
+    changes; what is garbage still gets collected.
     """
     import run_gc
 

@@ -1,4 +1,5 @@
-"""What each recipe run must print: shared by tests/test_examples.py and tests/test_site.py.
+"""What each recipe run must print: shared by tests/examples/test_examples.py and
+tests/site/test_site.py.
 
 The site build runs every recipe once on four simulated devices (docs/recipes.md), so the
 four-device runs are checked on that executed page (test_site.py) rather than run a second time;

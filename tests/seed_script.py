@@ -1,11 +1,11 @@
 """TE's published CP tutorial (kept in ../shared/seeds), extracted, shrunk and run by the tests.
 
-Why: the promise is that TE's own tutorial runs through ``tutorial_utils.te`` with only its
-imports changed (tests/test_seed_tutorial.py, in process) and through the ``te_on_cpu`` runner with
-nothing but its sizes changed (tests/test_examples.py, as a subprocess). The code is read at test
-time, never stored in this repository. For CPU the problem size is shrunk (same structure: 2 rows
-x 4 padded slots at 3/4 fill, GQA, causal SWA, AllGather stripe > 1, Ring stripe 1); nothing else
-is edited. :func:`seed_program` is the one place that builds the script both tests run.
+Why: the promise is that TE's own tutorial runs through ``tutorial_utils.te`` with only its imports
+changed (tests/examples/test_seed_tutorial.py, in process) and through the ``te_on_cpu`` runner with
+nothing but its sizes changed (tests/examples/test_examples.py, as a subprocess). The code is read
+at test time, never stored in this repository. For CPU the problem size is shrunk (same structure: 2
+rows x 4 padded slots at 3/4 fill, GQA, causal SWA, AllGather stripe > 1, Ring stripe 1); nothing
+else is edited. :func:`seed_program` is the one place that builds the script both tests run.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # it before pytest, and the test targets call `--malloc` for the library to preload):
 #
 # * a Chromium on the PATH and the Playwright Python package in the venv, for the browser test
-#   (tests/test_site.py). Playwright drives the system Chromium (executable_path); it never
+#   (tests/site/test_site.py). Playwright drives the system Chromium (executable_path); it never
 #   downloads browsers.
 # * TCMalloc (Debian's libtcmalloc-minimal4). The run preloads it into every process: XLA's
 #   compiles allocate heavily, and under TCMalloc the suite's processes use about a tenth less
@@ -70,7 +70,7 @@ fi
 if path="$(find_chromium)"; then
     echo "setup_machine: browser $path"
 else
-    echo "setup_machine: no Chromium: install Debian's 'chromium' package (or set CHROMIUM_PATH) to run tests/test_site.py." >&2
+    echo "setup_machine: no Chromium: install Debian's 'chromium' package (or set CHROMIUM_PATH) to run tests/site/test_site.py." >&2
 fi
 if path="$(find_tcmalloc)"; then
     echo "setup_machine: malloc $path (preloaded by make test; TUTORIAL_FAST_MALLOC=0 turns it off)"

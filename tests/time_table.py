@@ -196,35 +196,36 @@ class _TimeTable:
 # ------------------------------------------------------------------ the order files are handed out
 
 #: Wall seconds per test file in ``make test`` (2-core machine, from
-#: _build_test/test-times-py3.11.json;
-#: files under 10 s are left out). Only the order in which the workers are handed files depends on
-#: it: a stale or missing entry can make the run's end less even, never change a result.
+#: _build_test/test-times-py3.11.json; files under 10 s are left out), keyed by the file's path
+#: as test ids spell it (from the repository root). Only the order in which the workers are
+#: handed files depends on it: a stale or missing entry can make the run's end less even, never
+#: change a result.
 FILE_SECONDS = {
-    "test_site.py": 473,
-    "test_te_on_cpu.py": 245,
-    "test_shown_commands.py": 196,
-    "test_device_counts.py": 141,
-    "test_context_parallel.py": 120,
-    "test_check.py": 112,
-    "test_reference.py": 89,
-    "test_model.py": 60,
-    "test_examples.py": 59,
-    "test_bench_cli.py": 53,
-    "test_launch.py": 49,
-    "test_check_layout.py": 46,
-    "test_seed_tutorial.py": 42,
-    "test_placement.py": 38,
-    "test_nan_semantics.py": 25,
-    "test_plan.py": 24,
-    "test_bad_input.py": 21,
-    "test_facade.py": 18,
-    "test_cpu_kernel.py": 17,
-    "test_comm.py": 15,
-    "test_te_build.py": 21,
-    "test_dpa_sweep.py": 12,
-    "test_cp_runs.py": 14,
-    "test_support_matrix.py": 10,
-    "test_gpu_setup.py": 8,
+    "tests/site/test_site.py": 473,
+    "tests/te_on_cpu/test_te_on_cpu.py": 245,
+    "tests/site/test_shown_commands.py": 196,
+    "tests/site/test_device_counts.py": 141,
+    "tests/core/test_context_parallel.py": 120,
+    "tests/cli/test_check.py": 112,
+    "tests/core/test_reference.py": 89,
+    "tests/core/test_model.py": 60,
+    "tests/examples/test_examples.py": 59,
+    "tests/cli/test_bench_cli.py": 53,
+    "tests/cli/test_launch.py": 49,
+    "tests/cli/test_check_layout.py": 46,
+    "tests/examples/test_seed_tutorial.py": 42,
+    "tests/te/test_placement.py": 38,
+    "tests/core/test_nan_semantics.py": 25,
+    "tests/cli/test_plan.py": 24,
+    "tests/core/test_bad_input.py": 21,
+    "tests/te/test_facade.py": 18,
+    "tests/te_on_cpu/test_cpu_kernel.py": 17,
+    "tests/perfmodel/test_comm.py": 15,
+    "tests/devtools/test_te_build.py": 21,
+    "tests/te_on_cpu/test_dpa_sweep.py": 12,
+    "tests/pages/test_cp_runs.py": 14,
+    "tests/cli/test_support_matrix.py": 10,
+    "tests/cli/test_gpu_setup.py": 8,
 }
 
 
@@ -240,7 +241,7 @@ def heaviest_files_first(nodeids: list[str]) -> list[str]:
     order = {}
     for nodeid in nodeids:
         order.setdefault(nodeid.split("::", 1)[0], len(order))
-    rank = {f: (-FILE_SECONDS.get(Path(f).name, 0), i) for f, i in order.items()}
+    rank = {f: (-FILE_SECONDS.get(f, 0), i) for f, i in order.items()}
     return sorted(nodeids, key=lambda n: rank[n.split("::", 1)[0]])
 
 

@@ -1,0 +1,210 @@
+"""The carry plan for a lent GPU machine (``devtools/gpu_carry.py``), on small real wheels:
+cutting and joining, checksums, which calls a node needs, and the time plan at real sizes.
+The plan played with TE's real build is ``make gpu-rehearse``."""
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from gpu_wheels import make_wheel
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "devtools"))
+
+import gpu_carry as C  # noqa: E402
+
+from tutorial_utils.cli import gpu_setup as G  # noqa: E402
+
+KIB = 1024
+CORE = "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
+CURAND = "nvidia_curand-10.4.5.25-py3-none-manylinux_2_27_x86_64.whl"
+
+
+def _bundle(d: Path) -> Path:
+    """A bundle as ``gpu_setup bundle`` leaves it, with small real wheels."""
+    for folder, name, project, size in (
+        ("core", CORE, "transformer_engine_cu13", 900 * KIB),
+        ("extra", CURAND, "nvidia_curand", 300 * KIB),
+        ("base", "transformer_engine-2.20.2-py3-none-any.whl", "transformer_engine", 1 * KIB),
+    ):
+        (d / folder).mkdir(parents=True, exist_ok=True)
+        make_wheel(
+            d / folder / name, project, name.split("-")[1], {f"{project}/lib.so": hashes(size)}
+        )
+    G.write_manifest(d, 13, "3.12")
+    return d
+
+
+def hashes(n: int) -> bytes:
+    """``n`` bytes that do not compress."""
+    out, block = bytearray(), b"seed"
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block
+    return bytes(out[:n])
+
+
+@pytest.fixture
+def cut_bundle(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = _bundle(tmp_path / "gpu-bundle")
+    C.cut(d, tree_bytes=20 * KIB, call_bytes=512 * KIB)
+    return d
+
+
+def test_cutting_carries_the_core_first_and_a_library_last_and_joining_restores_the_bytes(
+    cut_bundle,
+):
+    d = cut_bundle
+    manifest = G.read_manifest(d)
+    carry = C._carry(d)
+    assert (
+        not (d / "core" / CORE).exists() and not (d / "extra" / CURAND).exists()
+    )  # only pieces travel
+    calls = [p["call"] for p in carry["pieces"]]
+    assert calls == sorted(calls) and carry["pieces"][-1]["library"] == "curand"
+    assert all(p["library"] is None for p in carry["pieces"] if p["file"] == f"core/{CORE}")
+    joined = C.join_pieces(d, libraries=["curand"])
+    assert [p.name for p in joined] == [CORE, CURAND]
+    for entry in manifest["files"]:
+        assert G.file_sha256(d / entry["name"]) == entry["sha256"]
+    assert C.join_pieces(d, libraries=["curand"]) == joined and not list(d.rglob("*.joining"))
+
+
+def test_a_node_with_the_library_needs_fewer_calls(cut_bundle):
+    carry = C._carry(cut_bundle)
+    with_lib = C.carry_plan(Path("gpu-bundle"), 20 * KIB)
+    without = C.carry_plan(Path("gpu-bundle"), 20 * KIB, libraries=["curand"])
+    assert len(with_lib) == C.last_call(carry, []) < len(without) == C.last_call(carry, ["curand"])
+    for plan in (with_lib, without):
+        assert plan[0]["steps"] == ["verify", "preflight", "build"]
+        assert plan[-1]["steps"] == [
+            "verify",
+            "install",
+            "gate",
+            "bench-single",
+            "bench-emulated",
+            "check",
+        ]
+        assert all(item["steps"] == ["verify"] for item in plan[1:-1])
+        assert plan[0]["carry"][:3] == [
+            "gpu-bundle/manifest.json",
+            "gpu-bundle/carry.json",
+            "gpu-bundle/base",
+        ]
+        assert all(len(item["carry"]) <= C.MAX_PATHS for item in plan)
+    with pytest.raises(SystemExit, match=r"inside the repository"):
+        C.carry_plan(cut_bundle.resolve(), 0)
+
+
+def test_a_corrupted_or_missing_piece_is_named_and_nothing_half_written_remains(cut_bundle):
+    d = cut_bundle
+    part = d / "core" / (CORE + ".part001")
+    data = bytearray(part.read_bytes())
+    data[10] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match=r"part001: SHA-256 differs from carry.json"):
+        C.verify_pieces(d, upto_call=2)
+    C.verify_pieces(d, upto_call=1)  # call 1's pieces are intact
+    with pytest.raises(SystemExit, match=r"does not match the manifest's SHA-256"):
+        C.join_pieces(d, libraries=[])
+    assert not list(d.rglob("*.joining")) and not (d / "core" / CORE).exists()
+    part.unlink()
+    with pytest.raises(
+        SystemExit, match=r"part001: piece missing \(call 2\): the machine went back"
+    ):
+        C.verify_pieces(d, upto_call=2)
+
+
+def test_the_time_plan_fits_eleven_minutes_after_the_start_at_the_real_sizes(tmp_path, monkeypatch):
+    """The real bundle's sizes (TE 2.20.2's core wheel and cuRAND's for CUDA 13), a 1.7 MiB tree."""
+    monkeypatch.chdir(tmp_path)
+    d = tmp_path / "gpu-bundle"
+    d.mkdir()
+    sizes = {
+        f"core/{CORE}": (276_522_776, None),
+        f"extra/{CURAND}": (77_113_015, "curand"),
+        "base/small.whl": (18_000_000, None),
+    }
+    manifest = {
+        "files": [
+            {
+                "name": n,
+                "bytes": b,
+                "sha256": "0" * 64,
+                "use": "library" if lib else "te",
+                "library": lib,
+            }
+            for n, (b, lib) in sizes.items()
+        ]
+    }
+    (d / G.MANIFEST).write_text(json.dumps(manifest))
+    tree = int(1.7 * 2**20)
+    calls = C.assign_pieces(
+        18_000_000,
+        [
+            (f"core/{CORE}", sizes[f"core/{CORE}"][0]),
+            (f"extra/{CURAND}", sizes[f"extra/{CURAND}"][0]),
+        ],
+        tree,
+    )
+    pieces = [
+        {
+            "file": n,
+            "name": f"{n}.part{k}",
+            "bytes": ln,
+            "sha256": "0",
+            "call": call,
+            "library": sizes[n][1],
+        }
+        for call, items in enumerate(calls, 1)
+        for k, (n, _, ln) in enumerate(items)
+    ]
+    (d / C.CARRY).write_text(json.dumps({"pieces": pieces}))
+    for libraries in ([], ["curand"]):
+        plan = C.carry_plan(Path("gpu-bundle"), tree, libraries=libraries)
+        assert all(item["bytes"] <= C.CALL_BYTES for item in plan)
+        assert all(item["seconds"] <= 540 for item in plan)  # one command may run 600 s
+        assert C.plan_seconds(plan) <= C.PLAN_BUDGET_S == 180 + 11 * 60, libraries
+        assert C.print_plan(plan, (tree, 0), str(libraries)) == []
+    plan = C.carry_plan(Path("gpu-bundle"), tree, libraries=["curand"])
+    assert [len(p) for p in (C.carry_plan(Path("gpu-bundle"), tree), plan)] == [5, 6]
+    # a working tree grown past what the cut allowed for is caught before the machine is used
+    assert any(
+        "cut the bundle again" in q
+        for q in C.print_plan(
+            C.carry_plan(Path("gpu-bundle"), tree + 4 * 2**20), (tree + 4 * 2**20, 0), "grown"
+        )
+    )
+
+
+def test_steps_outside_call_range_are_refused():
+    assert C.call_steps(1, 5) == ("preflight", "build")
+    assert C.call_steps(5, 5) == C.LAST_STEPS
+    with pytest.raises(SystemExit, match=r"--call 6: this node's run is carried in calls 1 to 5"):
+        C.call_steps(6, 5)
+
+
+def test_the_rehearsal_fails_unless_the_gate_stops_only_at_the_driver(tmp_path):
+    """The verdict reads the gate's line: any other failure than ``libcuda.so.1`` is a problem."""
+    work = tmp_path
+    log = work / "out" / "call2" / "results" / "gpu-run" / "call2.log"
+    log.parent.mkdir(parents=True)
+    report = {
+        "calls": [
+            {"call": 1, "run": [{"name": "build", "rc": 0}]},
+            {"call": 2, "run": [{"name": "install", "rc": 0}, {"name": "gate", "rc": 1}]},
+        ]
+    }
+    plan = [{"call": 1}, {"call": 2}]
+    log.write_text(
+        "+ [gate, <= 30 s] python -m tutorial_utils.cli.gpu_setup gate\nimport gate:"
+        " transformer_engine.jax failed to import: AssertionError: TE's packages are not all"
+        " 2.20.2: {'transformer-engine-jax': '2.20.2+efb30b7'}\n"
+    )
+    verdict = C._verdict(report, plan, work, work, Path(sys.executable), {})
+    assert not verdict["ok"] and "another reason than the missing driver" in verdict["problems"][0]
+    shutil.rmtree(work / "out")
