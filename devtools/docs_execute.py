@@ -25,7 +25,7 @@ page missing there runs first.
 :func:`report` writes, for every build, the pages Sphinx read, the notebooks executed and the
 pages written (an unchanged rebuild has none of the first two), and for a clean build its cost
 in XLA programs (compiles plus compile-cache hits: the same on any machine) against
-:data:`BUDGET_PROGRAMS`. Its CPU seconds depend on the machine, so ``tests/test_site.py``
+:data:`BUDGET_PROGRAMS`. Its CPU seconds depend on the machine, so ``tests/site/test_site.py``
 judges them as a ratio to a calibration workload timed in the same run
 (``devtools/calibrate.py``, :data:`BUDGET_CPU_RATIO`).
 """

@@ -9,7 +9,7 @@ value and the fix.
 The checks are exact, not rules of thumb: for well-formed packed rows (segment ids 1..N in
 order of appearance, each segment contiguous, positions counting from 0 inside it; padding
 anywhere, with any positions) :func:`validate_packed_inputs` accepts a layout if and only if
-TE 2.20.2's own code computes it correctly. ``tests/test_te_on_cpu.py`` checks both
+TE 2.20.2's own code computes it correctly. ``tests/te_on_cpu/test_te_on_cpu.py`` checks both
 directions against TE's code running on CPU.
 """
 

@@ -236,7 +236,7 @@ def comm_volume(
       collectives, and the forward's gathered / rotated K, V are saved, so the backward only
       moves gradients: Ring sends dK and dV back around the ring ``cp-1`` times (the
       transpose of each forward hop), AllGather reduce-scatters dK and dV (the transpose of
-      all-gather). ``tests/test_comm.py`` checks this schedule against the compiled HLO.
+      all-gather). ``tests/perfmodel/test_comm.py`` checks this schedule against the compiled HLO.
 
     Ulysses (no TE JAX implementation; same in both schedules): forward all-to-alls Q, K, V
     from sequence-sharded to head-sharded and O back, and all-gathers the int32 ids and

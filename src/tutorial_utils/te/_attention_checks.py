@@ -149,7 +149,7 @@ def silent_failure_checks(
 
     Only static values are read, so nothing is added to the traced computation. Each rule
     is here because TE's own code, run on CPU, returns wrong outputs without it
-    (``tests/test_te_on_cpu.py::test_each_facade_check_prevents_a_wrong_result``):
+    (``tests/te_on_cpu/test_te_on_cpu.py::test_each_facade_check_prevents_a_wrong_result``):
 
     * THD Ring with ``stripe_size > 1``: TE's ring steps assume stripes of one token;
     * THD Ring with a left window ``< cp_size - 1``: cuDNN cannot express the empty band of

@@ -175,7 +175,7 @@ def _call_te(
 def _te_cp_call(static_items, cp_axis, batch):
     """TE's CP call under one ``jax.jit``, with the sequence axis pinned to ``cp_axis``.
 
-    Why each part (each shown on TE's own code in ``tests/test_placement.py``): called
+    Why each part (each shown on TE's own code in ``tests/te/test_placement.py``): called
     eagerly, TE's CP primitives are dispatched one by one and return wrong outputs even for
     correctly placed arrays; under ``jit``, an input (or an output cotangent) whose
     sharding XLA has to infer can reach TE's partitioner as one it cannot name over the

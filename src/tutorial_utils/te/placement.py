@@ -2,7 +2,7 @@
 
 TE 2.20.2's context-parallel ``fused_attn`` decides *what each rank computes* from the
 shardings its partitioner is handed, not from the arrays' values: misplaced inputs give
-wrong outputs or bare assertions (shown on TE's own code in ``tests/test_placement.py``).
+wrong outputs or bare assertions (shown on TE's own code in ``tests/te/test_placement.py``).
 """
 
 from __future__ import annotations

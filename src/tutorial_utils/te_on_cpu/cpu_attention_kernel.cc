@@ -6,7 +6,7 @@
 // it, once per call site (a Ring step, a backward, a layer). A custom call compiles to one
 // instruction, as cuDNN's does on a GPU, and runs the same maths with plain loops.
 //
-// Semantics are those of the JAX kernel in bounds mode (tests/test_cpu_attention_kernel.py
+// Semantics are those of the JAX kernel in bounds mode (tests/te_on_cpu/test_cpu_kernel.py
 // compares the two, NaN cases included):
 //   * query row i of batch b sees key rows lo[b,i]..hi[b,i] (inclusive; lo > hi: none);
 //   * logits scale * q.k in float32; softmax over the visible keys plus an optional sink
