@@ -7,11 +7,14 @@ import zipfile
 from pathlib import Path
 
 
-def make_wheel(path: Path, name: str, version: str, members: dict) -> Path:
+def make_wheel(path: Path, name: str, version: str, members: dict, requires=()) -> Path:
     info = f"{name}-{version}.dist-info"
+    needs = "".join(f"Requires-Dist: {r}\n" for r in requires)
     members = {
         **members,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}".encode()
+        ),
         f"{info}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),

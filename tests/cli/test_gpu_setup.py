@@ -306,6 +306,89 @@ def test_the_install_takes_tes_three_always_and_the_rest_only_when_missing(tmp_p
         G.install_commands(d, "python3")
 
 
+def _with_requirements(d: Path, project: str, requires: list[str]) -> None:
+    """Give the bundle's ``project`` wheel these ``Requires-Dist`` lines (as pydantic's has)."""
+    (wheel,) = [p for p in d.rglob("*.whl") if p.name.split("-")[0] == project]
+    make_wheel(wheel, project, wheel.name.split("-")[1], {f"{project}/x.py": b"1"}, requires)
+    G.write_manifest(d, 13, "3.12")
+
+
+def test_an_installed_package_older_than_a_requirement_is_replaced_from_the_bundle(
+    tmp_path, monkeypatch, capsys
+):
+    """pydantic 2.14.4 needs typing-extensions >= 4.16.0: an older one installed is upgraded."""
+    d = _bundle(tmp_path / "gpu-bundle")
+    _with_requirements(
+        d, "pydantic", ["annotated-types>=0.6.0", "typing-extensions>=4.16.0", "x; extra == 'e'"]
+    )
+    installed = {"typing-extensions": "4.12.2", "annotated-types": "0.8.0", "packaging": "26.4"}
+    monkeypatch.setattr(gpu_install, "installed_version", lambda project: installed.get(project))
+    monkeypatch.setattr(gpu_install, "te_library", lambda name, **kw: ("pip", Path("/x")))
+    (cmd,) = G.install_commands(d, "python3")
+    names = [Path(c).name.split("-")[0] for c in cmd[7:]]
+    assert "pydantic" in names and "typing_extensions" in names  # missing, and too old
+    assert "annotated_types" not in names and "packaging" not in names  # accepted: kept
+    out = capsys.readouterr().out
+    assert "+ typing-extensions 4.12.2 installed, but pydantic-2.14.4" in out
+    assert "needs >=4.16.0: installing typing_extensions-4.16.0" in out
+    assert "+ annotated-types 0.8.0 already installed and accepted: kept" in out
+    installed["typing-extensions"] = "4.16.1"  # new enough: kept
+    (cmd,) = G.install_commands(d, "python3")
+    assert "typing_extensions" not in " ".join(cmd)
+    _with_requirements(d, "pydantic", ["typing-extensions>=5"])  # nothing in the bundle meets it
+    with pytest.raises(SystemExit, match=r"typing_extensions-4.16.0.* does not meet .*>=5"):
+        G.install_commands(d, "python3")
+
+
+def test_version_specifiers_are_read_as_pip_reads_release_numbers():
+    for version, spec, want in (
+        ("4.15.0", ">=4.16.0", False),
+        ("4.16", ">=4.16.0", True),
+        ("2.50.5", "==2.50.5", True),
+        ("2.50.6", "==2.50.5", False),
+        ("1.4.2", "~=1.4", True),
+        ("2.0", "~=1.4", False),
+        ("13.0.88.1", "==13.0.88.*", True),
+        ("2.5", ">=2,<3", True),
+        ("3.0", ">=2,<3", False),
+        ("1.0.2", "!=1.0.*", False),
+        ("0.1", "", True),
+    ):
+        assert G.version_satisfies(version, spec) is want, (version, spec)
+
+
+def test_the_run_puts_pips_cuda_folders_after_the_path_and_nccl_first(tmp_path):
+    """TE's system branch does not preload cuBLAS or cudart; the run's steps find them anyway."""
+    site = tmp_path / "site"
+    for lib in ("nccl/lib/libnccl.so.2", "cu13/lib/libcublas.so.13", "cudnn/lib/libcudnn.so.9"):
+        (site / "nvidia" / lib).parent.mkdir(parents=True, exist_ok=True)
+        (site / "nvidia" / lib).write_bytes(b"")
+    (site / "nvidia" / "cu13" / "include").mkdir()  # not a library folder
+    env = G.library_env({"LD_LIBRARY_PATH": "/opt/system/lib"}, sites=[str(site)])
+    assert env["LD_LIBRARY_PATH"].split(":") == [
+        f"{site}/nvidia/nccl/lib",
+        "/opt/system/lib",  # a library already on the path still wins, as in TE's order
+        f"{site}/nvidia/cu13/lib",
+        f"{site}/nvidia/cudnn/lib",
+    ]
+    assert G.library_env({}, sites=[str(tmp_path / "none")]) == {}
+
+
+def test_the_loader_branch_follows_a_system_nvrtc_or_curand(tmp_path):
+    site = tmp_path / "site"
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13").write_bytes(b"")
+    toolkit = tmp_path / "cuda" / "lib64"
+    toolkit.mkdir(parents=True)
+    (toolkit / "libcurand.so.10").write_bytes(b"")
+    env = {"CUDA_HOME": str(tmp_path / "cuda")}
+    assert G.te_loads_pip_runtime(env, str(site)) is False  # cuRAND from the toolkit
+    if not list(Path("/usr/local/cuda").glob("**/lib*nvrtc.so*")) and not list(
+        Path("/usr/local/cuda").glob("**/libcurand.so*")
+    ):
+        assert G.te_loads_pip_runtime({}, str(site)) is True  # pip's only
+
+
 def test_the_run_orders_its_steps_and_every_command_is_accepted_by_the_real_clis(tmp_path):
     steps = G.run_commands(Path("gpu-bundle"), tmp_path, "python3")
     assert [name for name, _, _ in steps] == [

@@ -3,10 +3,12 @@ them.
 
 TE's build takes its CUDA headers from the ``nvcc`` it picks (:func:`te_nvcc`), and TE's import
 loads cuDNN, NVRTC and cuRAND in an order of its own (:func:`te_library`): a system copy before
-pip's. Everything here is looked up without importing TE, which is not installed yet, or JAX,
-which may lack its CUDA plugin; the one exception, :func:`cuda_major` asking JAX's runtime which
-CUDA it loads when two JAX CUDA plugins are installed, imports JAX inside a function for that
-reason.
+pip's. Which of TE's two loader branches a node takes decides whether TE preloads cuBLAS and
+cudart itself (:func:`te_loads_pip_runtime`); :func:`library_env` makes both branches work and
+:func:`check_core_libraries` proves it before TE is imported. Everything here is looked up
+without importing TE, which is not installed yet, or JAX, which may lack its CUDA plugin; the
+one exception, :func:`cuda_major` asking JAX's runtime which CUDA it loads when two JAX CUDA
+plugins are installed, imports JAX inside a function for that reason.
 """
 
 from __future__ import annotations
@@ -38,9 +40,18 @@ __all__ = [
     "cudnn_include_dir",
     "nvtx_include_dir",
     "build_includes",
+    "CORE_LIBRARIES",
+    "pip_library_dirs",
     "library_env",
+    "te_loads_pip_runtime",
+    "loaded_path",
+    "check_core_libraries",
     "installed_version",
 ]
+
+#: What ``libtransformer_engine.so`` needs at load (``DT_NEEDED``; it has no RUNPATH) beyond
+#: NCCL: cuBLAS, cuBLASLt and the CUDA runtime, each by its soname ``lib<name>.so.<major>``.
+CORE_LIBRARIES = ("cublas", "cublasLt", "cudart")
 
 
 def jax_cuda_majors() -> list[int]:
@@ -332,18 +343,122 @@ def build_includes(build_env: Path | None = None, sites: Sequence[str] | None = 
     return os.pathsep.join([str(cudnn_include_dir(sites))] + ([str(nvtx)] if nvtx else []))
 
 
+def pip_library_dirs(sites: Sequence[str] | None = None) -> list[Path]:
+    """The folders of pip's CUDA libraries: ``nvidia/<name>/lib`` and ``nvidia/cuNN/lib``.
+
+    Args:
+        sites: the site-packages folders to search (this Python's and ``sys.path`` when
+            ``None``).
+    """
+    found = []
+    for nv in _nvidia_dirs(sites):
+        for lib in sorted(nv.glob("*/lib")):
+            if lib.is_dir() and any(lib.glob("lib*.so*")):
+                found.append(lib)
+    return found
+
+
 def library_env(
     env: dict[str, str] | None = None, sites: Sequence[str] | None = None
 ) -> dict[str, str]:
-    """``env`` with pip's NCCL folder first on ``LD_LIBRARY_PATH``, so a child process loads TE."""
+    """``env`` with pip's NCCL folder first on ``LD_LIBRARY_PATH`` and pip's other CUDA library
+    folders after the entries already there, so that a child process loads TE on either of
+    TE's loader branches.
+
+    Why both: ``libtransformer_engine.so`` needs NCCL, cuBLAS, cuBLASLt and cudart and has no
+    RUNPATH. TE preloads cuBLAS and cudart from pip only when it finds neither NVRTC nor cuRAND
+    in a system toolkit (:func:`te_loads_pip_runtime`); on a node with a system ``nvcc`` and
+    NVRTC (``CUDA_HOME``, ``/usr/local/cuda``) it does not, and the core library then fails
+    with ``libcublas.so.13: cannot open shared object file``. The folders already on the path
+    stay first, so a system copy still wins, as in TE's own order.
+
+    Args:
+        env: the environment to extend (``os.environ`` when ``None``; not modified).
+        sites: the site-packages folders to search (this Python's when ``None``).
+    """
     env = dict(os.environ if env is None else env)
-    lib = nccl_library(sites)
-    if lib is not None:
-        parts = [str(lib.parent)] + [
-            p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p
-        ]
+    nccl = nccl_library(sites)
+    first = [str(nccl.parent)] if nccl is not None else []
+    there = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    parts = first + there + [str(d) for d in pip_library_dirs(sites)]
+    if parts:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(dict.fromkeys(parts))
     return env
+
+
+def te_loads_pip_runtime(env: dict[str, str] | None = None, purelib: str | None = None) -> bool:
+    """Whether TE's import preloads cuBLAS, cudart and cuDNN from pip itself (its
+    ``load_libs_for_no_ctk``): only when neither NVRTC nor cuRAND comes from a system toolkit
+    or the loader path (:func:`te_library`).
+
+    Args:
+        env: the environment TE would see (``os.environ`` when ``None``).
+        purelib: the site-packages TE searches (this Python's when ``None``).
+    """
+    found = [te_library(name, env=env, purelib=purelib) for name in ("nvrtc", "curand")]
+    return not any(f is not None and f[0] != "pip" for f in found)
+
+
+def loaded_path(soname: str) -> str | None:
+    """The file this process has loaded for ``soname`` (read from ``/proc/self/maps``), or
+    ``None``.
+
+    Args:
+        soname: a library's soname, such as ``libcublas.so.13``.
+    """
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    stem = soname.split(".so")[0] + ".so"
+    paths = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+    return next(
+        (p for p in sorted(paths) if os.path.basename(p).startswith(stem + ".")),
+        next((p for p in sorted(paths) if os.path.basename(p) == stem), None),
+    )
+
+
+def check_core_libraries(major: int, purelib: str | None = None) -> list[str]:
+    """Load cuBLAS, cuBLASLt and cudart (:data:`CORE_LIBRARIES`) by soname, as the dynamic linker
+    will for ``libtransformer_engine.so``; one line each.
+
+    A library the loader path lacks is still fine on TE's pip branch when pip has it (TE then
+    preloads it by its full path).
+
+    Args:
+        major: the CUDA major (the sonames end in ``.so.<major>``).
+        purelib: the site-packages TE searches (this Python's when ``None``).
+
+    Raises:
+        SystemExit: naming each library that TE's core library would not find, and the fix.
+    """
+    lines, missing = [], []
+    pip_branch = te_loads_pip_runtime(purelib=purelib)
+    nv = Path(purelib or sysconfig.get_path("purelib")) / "nvidia"
+    for name in CORE_LIBRARIES:
+        soname = f"lib{name}.so.{major}"
+        try:
+            ctypes.CDLL(soname)
+            lines.append(f"{soname}: {loaded_path(soname) or 'loaded'}")
+            continue
+        except OSError as err:
+            reason = str(err)
+        pip = sorted(nv.glob(f"cu{major}/lib/{soname}*")) + sorted(nv.glob(f"*/lib/{soname}*"))
+        if pip_branch and pip:
+            lines.append(f"{soname}: {pip[0]} (TE preloads it from pip: no system NVRTC/cuRAND)")
+        else:
+            missing.append(f"{soname} ({reason})")
+    if missing:
+        fix = (
+            "install pip's nvidia-cublas and nvidia-cuda-runtime (jax[cudaNN] brings them)"
+            if pip_branch
+            else "TE finds NVRTC or cuRAND in a system toolkit here, so it does not preload cuBLAS"
+            " or cudart from pip: put pip's library folders on the loader path, `export"
+            " LD_LIBRARY_PATH=$(python -m tutorial_utils.cli.gpu_setup library-path)` (`gpu_setup"
+            " run` does this for its steps)"
+        )
+        raise SystemExit(f"TE's core library would not load: {'; '.join(missing)}. Fix: {fix}.")
+    return lines
 
 
 def installed_version(project: str) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import sysconfig
 import tarfile
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,12 +38,14 @@ from tutorial_utils.cli.gpu_bundle import (
 )
 from tutorial_utils.cli.gpu_cuda import (
     build_includes,
+    check_core_libraries,
     check_cudnn,
     cuda_major,
     cudnn_include_dir,
     installed_version,
     nvtx_include_dir,
     te_library,
+    te_loads_pip_runtime,
     te_nvcc,
 )
 from tutorial_utils.gpu import nccl_library, preload_nccl
@@ -50,6 +54,7 @@ __all__ = [
     "preflight",
     "build_command",
     "build_extension",
+    "version_satisfies",
     "install_commands",
     "install",
     "import_gate",
@@ -187,6 +192,20 @@ def preflight(directory: Path) -> list[str]:
                 f" loader path, site-packages/nvidia): install it (pip's nvidia-{name} wheel for"
                 f" CUDA {manifest.get('cuda')})."
             )
+    pip_branch = te_loads_pip_runtime()
+    lines.append(
+        "TE's loader branch: "
+        + (
+            "no system NVRTC/cuRAND, so TE preloads cuBLAS, cudart and cuDNN from pip"
+            if pip_branch
+            else "NVRTC or cuRAND from a system toolkit, so TE does not preload cuBLAS or cudart:"
+            " its core library finds them on the loader path"
+        )
+    )
+    try:
+        lines += check_core_libraries(int(manifest.get("cuda") or 13))
+    except SystemExit as err:
+        problems.append(str(err))
     for module in _RUN_MODULES:
         need(
             importlib.util.find_spec(module) is not None,
@@ -405,12 +424,90 @@ def build_extension(
 # ----------------------------------------------------------------------------- install and gate
 
 
+_RELEASE = re.compile(r"\d+(?:\.\d+)*")
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """The release numbers of a version (``4.16.0rc1`` -> ``(4, 16, 0)``)."""
+    match = _RELEASE.match(text.strip().lstrip("vV"))
+    return tuple(int(x) for x in match.group(0).split(".")) if match else (0,)
+
+
+def _padded(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    n = max(len(a), len(b))
+    return a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+
+
+def version_satisfies(version: str, specifier: str) -> bool:
+    """Whether ``version`` meets every clause of ``specifier`` (``>=4.16.0``, ``==2.50.5,<3``).
+
+    Release numbers only (PEP 440's ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``~=`` and
+    ``==X.*``); pre- and post-release tags are ignored. Why not ``packaging``: the install may
+    be what brings it to the node.
+
+    Args:
+        version: an installed version.
+        specifier: the clauses, comma-separated (empty: any version).
+    """
+    have = _release(version)
+    for clause in filter(None, (c.strip() for c in specifier.split(","))):
+        op, want = re.match(r"(~=|===|==|!=|<=|>=|<|>)?\s*(.*)", clause).groups()
+        op = op or "=="
+        a, b = _padded(have, _release(want.removesuffix(".*")))
+        if want.endswith(".*") or op == "~=":  # a prefix match (``~=`` also at least the version)
+            prefix = _release(want[:-2]) if want.endswith(".*") else _release(want)[:-1]
+            same = have[: len(prefix)] == prefix and (op != "~=" or a >= b)
+            if same != (op != "!="):
+                return False
+            continue
+        ok = {
+            "==": a == b,
+            "===": a == b,
+            "!=": a != b,
+            "<": a < b,
+            "<=": a <= b,
+            ">": a > b,
+            ">=": a >= b,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _project(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requires(wheel: Path) -> list[tuple[str, str, str]]:
+    """``(project, specifier, requirer)`` of a wheel's ``Requires-Dist`` lines, extras left out
+    (other markers are not evaluated: such a requirement counts)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode(errors="replace")
+    found = []
+    for line in re.findall(r"^Requires-Dist: (.+)$", text, flags=re.M):
+        requirement, _, marker = line.partition(";")
+        if "extra" in marker:
+            continue
+        match = re.match(
+            r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^)]*)\)?", requirement
+        )
+        if match:
+            found.append((_project(match.group(1)), match.group(2).strip(), wheel.name))
+    return found
+
+
 def install_commands(directory: Path, python: str | None = None) -> list[list[str]]:
     """The offline install, ``--no-index --no-deps``: TE's three packages (the core wheel, the
-    Python
-    wheel and the built extension) always; a runtime wheel only when its project is not installed
-    yet; a library wheel only when TE's loader would not find that library (:func:`te_library`).
-    This package is not installed: ``PYTHONPATH=src`` serves it."""
+    Python wheel and the built extension) always; a runtime wheel when its project is not
+    installed, or is installed at a version that a wheel being installed does not accept (then
+    the bundle's version replaces it); a library wheel only when TE's loader would not find that
+    library (:func:`te_library`). This package is not installed: ``PYTHONPATH=src`` serves it.
+
+    Raises:
+        SystemExit: no built extension wheel, or a requirement that neither the installed
+            version nor the bundle's meets.
+    """
     python = sys.executable if python is None else python  # this Python, at call time
     directory = Path(directory)
     built = sorted((directory / BUILT).glob("transformer_engine_jax-*.whl"))
@@ -424,12 +521,50 @@ def install_commands(directory: Path, python: str | None = None) -> list[list[st
         for e in manifest_entries(directory, "te")
         if e["name"].endswith(".whl")
     ] + built
-    for entry in manifest_entries(directory, "runtime"):
-        project = Path(entry["name"]).name.split("-")[0].replace("_", "-")
-        if installed_version(project) is None:
-            wheels.append(directory / entry["name"])
-        else:
-            print(f"+ {project} {installed_version(project)} already installed: kept", flush=True)
+    runtime = {
+        _project(Path(e["name"]).name.split("-")[0]): directory / e["name"]
+        for e in manifest_entries(directory, "runtime")
+    }
+    chosen: dict[str, str] = {}  # project -> why its wheel is installed
+    while True:  # a wheel chosen may require more of the others
+        needs = [r for w in wheels + [runtime[p] for p in chosen] for r in _requires(w)]
+        new = {}
+        for project in runtime:
+            have = installed_version(project)
+            if project in chosen:
+                continue
+            if have is None:
+                new[project] = "not installed"
+                continue
+            unmet = [
+                f"{by} needs {spec}"
+                for p, spec, by in needs
+                if p == project and not version_satisfies(have, spec)
+            ]
+            if unmet:
+                new[project] = f"{have} installed, but {'; '.join(unmet)}"
+        if not new:
+            break
+        chosen.update(new)
+    for project, wheel in runtime.items():
+        have = installed_version(project)
+        if project not in chosen:
+            print(f"+ {project} {have} already installed and accepted: kept", flush=True)
+            continue
+        if have is not None:
+            print(f"+ {project} {chosen[project]}: installing {wheel.name}", flush=True)
+        mine = wheel_version(wheel)
+        unmet = [
+            f"{by} needs {project}{spec}"
+            for p, spec, by in needs
+            if p == project and not version_satisfies(mine, spec)
+        ]
+        if unmet:
+            raise SystemExit(
+                f"the bundle's {wheel.name} does not meet {'; '.join(unmet)}: make the bundle"
+                " again with matching pins."
+            )
+        wheels.append(wheel)
     for entry in manifest_entries(directory, "library"):
         if te_library(entry["library"]) is None:
             wheels.append(directory / entry["name"])

@@ -3,9 +3,9 @@
 TE's JAX extension is an sdist compiled on the node against the JAX already there, with
 headers from five packages, and TE's import then loads cuDNN, NVRTC, cuRAND and NCCL in an
 order of its own. Each thing that goes wrong by hand is a subcommand here that can be
-checked on a CPU: ``cuda``, ``cudnn``, ``cudnn-include``, ``bundle`` (the files of an offline
-install), ``preflight``, ``build-ext``, ``install``, ``gate`` and ``run`` (all of them, each
-step under a time limit, with a log).
+checked on a CPU: ``cuda``, ``cudnn``, ``cudnn-include``, ``library-path``, ``bundle`` (the files
+of an offline install), ``preflight``, ``build-ext``, ``install``, ``gate`` and ``run`` (all of
+them, each step under a time limit, with a log).
 
 This module is the command line; the work is done in :mod:`~tutorial_utils.cli.gpu_bundle`
 (the pins, the download, the manifest and checksums), :mod:`~tutorial_utils.cli.gpu_cuda`
@@ -47,7 +47,9 @@ from tutorial_utils.cli.gpu_bundle import (
     write_manifest,
 )
 from tutorial_utils.cli.gpu_cuda import (
+    CORE_LIBRARIES,
     build_includes,
+    check_core_libraries,
     check_cudnn,
     cuda_major,
     cudnn_include_dir,
@@ -56,7 +58,9 @@ from tutorial_utils.cli.gpu_cuda import (
     jax_cuda_majors,
     library_env,
     nvtx_include_dir,
+    pip_library_dirs,
     te_library,
+    te_loads_pip_runtime,
     te_nvcc,
 )
 from tutorial_utils.cli.gpu_install import (
@@ -66,6 +70,7 @@ from tutorial_utils.cli.gpu_install import (
     install,
     install_commands,
     preflight,
+    version_satisfies,
 )
 from tutorial_utils.cli.gpu_run import STEP_SECONDS, run, run_commands, run_step
 from tutorial_utils.gpu import nccl_library, preload_nccl
@@ -92,7 +97,11 @@ __all__ = [
     "build_includes",
     "nccl_library",
     "preload_nccl",
+    "CORE_LIBRARIES",
+    "pip_library_dirs",
     "library_env",
+    "te_loads_pip_runtime",
+    "check_core_libraries",
     "installed_version",
     "file_sha256",
     "record_hash",
@@ -107,6 +116,7 @@ __all__ = [
     "preflight",
     "build_command",
     "build_extension",
+    "version_satisfies",
     "install_commands",
     "install",
     "import_gate",
@@ -132,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("cuda", help="print the CUDA major version TE will be built for (JAX's)")
     sub.add_parser("cudnn-include", help="print the folder holding cudnn.h")
+    sub.add_parser(
+        "library-path",
+        help="print LD_LIBRARY_PATH with pip's NCCL, cuBLAS and cudart folders, so that TE loads"
+        " on a node with a system CUDA toolkit too",
+    )
     sub.add_parser(
         "build-includes",
         help="print CPLUS_INCLUDE_PATH for TE's build: cudnn.h's and nvtx3's folders",
@@ -201,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(cuda_major())
     elif args.cmd == "cudnn-include":
         print(cudnn_include_dir())
+    elif args.cmd == "library-path":
+        print(library_env().get("LD_LIBRARY_PATH", ""))
     elif args.cmd == "build-includes":
         print(build_includes())
     elif args.cmd == "build-requirements":
