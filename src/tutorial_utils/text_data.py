@@ -27,6 +27,7 @@ __all__ = [
     "make_batches",
     "reorder_for_cp",
     "check_batch_for_mesh",
+    "check_shifted_targets",
 ]
 
 VOCAB_SIZE = 256  # one token per byte: no tokenizer to download, every text encodable
@@ -159,8 +160,10 @@ class PackedBatch:
 def _pieces(
     docs, seq_len, max_segments_per_seq, segment_len, align, by_paragraph=False
 ) -> list[np.ndarray]:
-    """Every document (or, ``by_paragraph``, every paragraph) cut into pieces of at most
-    ``segment_len`` tokens, one segment each."""
+    """Every document (or, ``by_paragraph``, every paragraph) cut into pieces, one segment each.
+
+    A piece has at most ``segment_len`` tokens.
+    """
     for name, value in (
         ("seq_len", seq_len),
         ("align", align),
@@ -350,8 +353,9 @@ def reorder_for_cp(
         ``stripe_size`` recorded.
 
     Raises:
-        ValueError: If ``batch`` is already reordered, or the validator refuses
-            its layout.
+        ValueError: If ``batch`` is already reordered, the validator refuses its
+            layout, or its targets are not its tokens shifted inside each document
+            (:func:`check_shifted_targets`; ``targets == tokens`` included).
     """
     cp_size = _positive_int("cp_size", cp_size)
     if batch.cp_size != 1 or batch.stripe_size is not None:
@@ -376,6 +380,7 @@ def reorder_for_cp(
         strategy=strategy,
         window_size=window_size,
     )
+    check_shifted_targets(batch.tokens, batch.targets, ids, loss_mask=batch.loss_mask)
     stripe = 1 if stripe_size is None else stripe_size
     striped = {
         name: reorder_causal_load_balancing(
@@ -408,7 +413,9 @@ def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int, stripe_size: int |
 
     Raises:
         ValueError: If the arrays or the labels say the batch was reordered for another
-            ``(cp_size, stripe_size)``, or the ids and positions were not reordered together.
+            ``(cp_size, stripe_size)``, the ids and positions were not reordered together, or
+            the targets are not the tokens shifted inside each document
+            (:func:`check_shifted_targets`; ``targets == tokens`` included).
     """
     cp_size = _positive_int("cp_size", cp_size)
     # for cp_size=1 the stripe is irrelevant; the batch's own one recognises its reorder
@@ -447,3 +454,208 @@ def check_batch_for_mesh(batch: PackedBatch, *, cp_size: int, stripe_size: int |
             f"batch says it was reordered with (cp_size, stripe_size)={have}, but "
             f"the mesh needs {want} (cp_size={cp_size}); {fix}."
         )
+    check_shifted_targets(
+        batch.tokens,
+        batch.targets,
+        batch.segment_ids,
+        loss_mask=batch.loss_mask,
+        cp_size=cp_size,
+        stripe_size=stripe,
+    )
+
+
+# ----------------------------------------------------------------------------- the shift check
+
+_CANDIDATE_CP_SIZES = (2, 4, 8, 16, 32, 64)
+
+
+def _split_segment(ids):
+    """Where a segment resumes after another run, as ``(row, segment, token)``, or ``None``."""
+    starts = ids != 0
+    starts[:, 1:] &= ids[:, 1:] != ids[:, :-1]
+    seen = set()
+    for b, t in zip(*(x.tolist() for x in np.nonzero(starts))):
+        if (b, int(ids[b, t])) in seen:
+            return b, int(ids[b, t]), t
+        seen.add((b, int(ids[b, t])))
+    return None
+
+
+def _counted(arrays):
+    """Tokens that count in the loss: inside a document, and under a non-zero loss mask."""
+    counts = arrays["segment_ids"] != 0
+    if "loss_mask" in arrays:
+        counts &= arrays["loss_mask"] != 0
+    return counts
+
+
+def _shift_errors(arrays):
+    """Counted tokens with a wrong target, as boolean ``[batch, seq - 1]`` arrays.
+
+    ``not_shifted``: the next token is in the token's document but is not its target.
+    ``crossing``: the token ends its document and its target is the next document's first token.
+    """
+    tok, tgt, ids = arrays["tokens"], arrays["targets"], arrays["segment_ids"]
+    counted = _counted(arrays)[:, :-1]
+    same = ids[:, 1:] == ids[:, :-1]
+    is_next = tgt[:, :-1] == tok[:, 1:]
+    return counted & same & ~is_next, counted & ~same & (ids[:, 1:] != 0) & is_next
+
+
+def _natural_order_of(arrays):
+    """The ``(cp_size, stripe_size)`` whose undoing makes ``arrays`` a well-shifted batch.
+
+    ``(1, 1)`` when they are one already (contiguous documents, shifted targets); ``None`` when
+    no striped reorder explains them.
+    """
+    seq = arrays["tokens"].shape[1]
+    candidates = [(1, 1)] + [
+        (cp, 2**k)
+        for cp in _CANDIDATE_CP_SIZES
+        for k in range(seq.bit_length())
+        if cp * 2**k <= seq
+    ]
+    for cp, stripe in candidates:
+        if seq % (cp * stripe):
+            continue
+        undone = {
+            name: _undo_reorder(x, ReorderStrategy.Striped, cp, 1, stripe)
+            for name, x in arrays.items()
+        }
+        if _split_segment(undone["segment_ids"]) is None and not any(
+            e.any() for e in _shift_errors(undone)
+        ):
+            return cp, stripe
+    return None
+
+
+def check_shifted_targets(
+    tokens,
+    targets,
+    segment_ids,
+    *,
+    loss_mask=None,
+    cp_size: int = 1,
+    stripe_size: int | None = None,
+    reorder_strategy=ReorderStrategy.Striped,
+) -> None:
+    """Refuse a batch whose targets are not its tokens shifted left by one inside each document.
+
+    A language model's target at token ``t`` is the next token of the same document,
+    ``targets[b, t] == tokens[b, t + 1]``. The shift belongs in the data pipeline, on the
+    natural-order batch, before the reorder for CP: a model that shifts its own inputs, or a
+    pipeline that shifts after the reorder, pairs tokens of different stripes, and TE raises no
+    error. Every token that counts in the loss is checked (``loss_mask != 0``; without a mask,
+    every token of a document). A document's last token has no next token in the row, so its
+    target is free (masked, or the true next token with a BOS-prefixed convention), except that
+    it must not be the next document's first token. Padding (segment id 0) is not checked.
+
+    Args:
+        tokens: ``[batch, seq]`` integer input tokens.
+        targets: ``[batch, seq]`` integer targets.
+        segment_ids: ``[batch, seq]`` segment ids (0 = padding), each document one contiguous
+            run in the natural order.
+        loss_mask: Optional ``[batch, seq]`` loss weights; tokens where it is 0 are not checked.
+        cp_size: The CP size a reordered batch was reordered for; 1 for the natural order. The
+            reorder is undone before the check.
+        stripe_size: The stripe size of that reorder (``None`` means 1).
+        reorder_strategy: The :class:`~tutorial_utils.reorder.ReorderStrategy` of that reorder.
+
+    Returns:
+        None.
+
+    Raises:
+        ValueError: Naming the array, the token and the fix: if the targets equal the tokens
+            (the shift was not done), a target is not the next token of its document, a
+            document's last target is the next document's first token, the shift was done after
+            the reorder, or a segment is not one contiguous run (a reordered batch checked as
+            natural).
+    """
+    given = {"tokens": tokens, "targets": targets, "segment_ids": segment_ids}
+    if loss_mask is not None:
+        given["loss_mask"] = loss_mask
+    given = {name: np.asarray(x) for name, x in given.items()}
+    shape = given["tokens"].shape
+    for name, x in given.items():
+        if x.ndim != 2 or x.shape != shape:
+            raise ValueError(
+                f"{name} has shape {x.shape}, tokens {shape}; pass [batch, seq] arrays of one"
+                " shape (one row? add a batch axis with x[None])."
+            )
+        if name != "loss_mask" and not np.issubdtype(x.dtype, np.integer):
+            raise ValueError(
+                f"{name} has dtype {x.dtype}, not an integer type; pass it as integer ids"
+                f" ({name}.astype(np.int32))."
+            )
+    cp_size = _positive_int("cp_size", cp_size)
+    arrays, where = given, ""
+    if cp_size > 1:
+        arrays = {
+            name: _undo_reorder(x, reorder_strategy, cp_size, 1, stripe_size)
+            for name, x in given.items()
+        }
+        where = (
+            f", in the natural order after undoing the reorder for cp_size={cp_size},"
+            f" stripe_size={stripe_size or 1}"
+        )
+    split = _split_segment(arrays["segment_ids"])
+    if split is not None:
+        fits = _natural_order_of(given)
+        looks = (
+            ""
+            if fits is None or fits[0] == cp_size
+            else ", and the arrays as given are in the natural order (pass cp_size=1)"
+            if fits[0] == 1
+            else f", so the batch looks reordered for cp_size={fits[0]}, stripe_size={fits[1]}"
+        )
+        raise ValueError(
+            f"segment_ids row {split[0]}: segment {split[1]} is not one contiguous run of tokens"
+            f" (it resumes at token {split[2]}{where}){looks}; documents must be contiguous runs"
+            " in the natural order: pass the natural-order batch, or a reordered one with the"
+            " cp_size and stripe_size it was reordered with."
+        )
+    not_shifted, crossing = _shift_errors(arrays)
+    if not (not_shifted.any() or crossing.any()):
+        return
+    tok, tgt, ids = arrays["tokens"], arrays["targets"], arrays["segment_ids"]
+    counts = _counted(arrays)
+    fix = (
+        "shift in the pipeline, on the natural-order batch before any reorder for CP:"
+        " targets[:, :-1] = tokens[:, 1:] inside each document, with loss_mask 0 at each"
+        " document's last token"
+    )
+    if np.array_equal(tgt[counts], tok[counts]):
+        raise ValueError(
+            "targets equal tokens: the shift was not done (targets[b, t] == tokens[b, t] at"
+            f" every token that counts in the loss{where}). targets[b, t] must be"
+            f" tokens[b, t + 1], the next token of the same document: {fix}. A model that"
+            " shifts its own inputs shifts the reordered rows under CP."
+        )
+    b, t = min(tuple(np.argwhere(e)[0].tolist()) for e in (not_shifted, crossing) if e.any())
+    found = f"targets[{b}, {t}]={int(tgt[b, t])}"
+    following = f"tokens[{b}, {t + 1}]={int(tok[b, t + 1])}"
+    if cp_size > 1 and not any(e.any() for e in _shift_errors(given)):
+        raise ValueError(
+            "targets are the reordered tokens shifted: the shift was done after the reorder for"
+            f" cp_size={cp_size}, stripe_size={stripe_size or 1}, which pairs each token with a"
+            f" token of another stripe (first wrong in the natural order: {found}, but the next"
+            f" token is {following}). Shift the natural-order batch first, then reorder tokens,"
+            " targets, loss_mask, segment_ids and segment_pos together (reorder_for_cp does)."
+        )
+    if not_shifted[b, t]:
+        raise ValueError(
+            f"{found} but the next token of its document (segment {int(ids[b, t])}) is"
+            f" {following}{where}: targets must be the tokens shifted left by one inside each"
+            f" document; {fix}."
+        )
+    mask_fix = (
+        f"set loss_mask[{b}, {t}] to 0 (loss_mask 0 at each document's last token)"
+        if loss_mask is not None
+        else "pass loss_mask with 0 at each document's last token, or give those tokens an"
+        " ignore target (e.g. -100) that the loss skips"
+    )
+    raise ValueError(
+        f"{found} at the last token of segment {int(ids[b, t])} is {following}, the first token"
+        f" of segment {int(ids[b, t + 1])}{where}: the shift crosses a document boundary. A"
+        f" document's last token has no next token: {mask_fix}."
+    )
