@@ -1,5 +1,4 @@
-"""tutorial_utils: context-parallel attention for JAX with TransformerEngine, written to be read
-and copied.
+"""tutorial_utils: context-parallel attention for JAX with TransformerEngine, to read and copy.
 
 What a reader copies lives at the top level and in :mod:`tutorial_utils.te` (``import
 tutorial_utils.te as te`` in place of ``import transformer_engine.jax as te``). The rest is

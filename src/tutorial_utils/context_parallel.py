@@ -53,8 +53,16 @@ __all__ = [
 def merge_partial(out, lse, out_s, lse_s):
     """Combine two partial attention results over disjoint key sets (fp32, NaN-free).
 
-    ``out`` ``[b, s, h, d]``, ``lse`` ``[b, h, s]``. Rows empty in one part have
-    ``lse == LSE_EMPTY`` and get weight 0 there.
+    Rows empty in one part have ``lse == LSE_EMPTY`` and get weight 0 there.
+
+    Args:
+        out: One part's output ``[b, s, h, d]``.
+        lse: Its log-sum-exp ``[b, h, s]``.
+        out_s: The other part's output.
+        lse_s: Its log-sum-exp.
+
+    Returns:
+        ``(out, lse)`` over both parts, the output in float32.
     """
     lse_new = jnp.logaddexp(lse, lse_s)
     w = jnp.exp(lse - lse_new).transpose(0, 2, 1)[..., None]
@@ -98,7 +106,23 @@ def allgather_attention_shard(
     kernel: Callable,
     inverse_perm: np.ndarray | None = None,
 ):
-    """Per-shard AllGather body (inside ``shard_map``): local Q against gathered K/V."""
+    """Per-shard AllGather body (inside ``shard_map``): local Q against gathered K/V.
+
+    Args:
+        q: The local queries ``[b, s/cp, hq, d]``.
+        k: The local keys.
+        v: The local values.
+        ids: The local queries' segment ids ``[b, s/cp]``.
+        pos: Their positions.
+        ids_kv: The local keys' segment ids.
+        pos_kv: Their positions.
+        axis_name: The CP mesh axis.
+        kernel: ``kernel(q, k, v, ids_q, ids_kv, pos_q, pos_kv) -> (out, lse)``.
+        inverse_perm: Undoes the load-balancing reorder on the gathered sequence, or ``None``.
+
+    Returns:
+        The local output, ``[b, s/cp, hq, d]``.
+    """
     gather = functools.partial(lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
     k_all, v_all, ids_all, pos_all = (
         _unpermute(gather(x), inverse_perm) for x in (k, v, ids_kv, pos_kv)
@@ -110,7 +134,23 @@ def allgather_attention_shard(
 def ring_attention_shard(
     q, k, v, ids, pos, ids_kv, pos_kv, *, axis_name: str, cp_size: int, kernel: Callable
 ):
-    """Per-shard Ring body: ``cp_size`` steps of attend, LSE merge, ``ppermute``."""
+    """Per-shard Ring body: ``cp_size`` steps of attend, LSE merge, ``ppermute``.
+
+    Args:
+        q: The local queries ``[b, s/cp, hq, d]``.
+        k: The local keys.
+        v: The local values.
+        ids: The local queries' segment ids ``[b, s/cp]``.
+        pos: Their positions.
+        ids_kv: The local keys' segment ids.
+        pos_kv: Their positions.
+        axis_name: The CP mesh axis.
+        cp_size: Its size.
+        kernel: ``kernel(q, k, v, ids_q, ids_kv, pos_q, pos_kv) -> (out, lse)``.
+
+    Returns:
+        The local output in ``q``'s dtype.
+    """
     perm = [(i, (i + 1) % cp_size) for i in range(cp_size)]
     block = (k, v, ids_kv, pos_kv)
     out = lse = None
@@ -140,8 +180,24 @@ def ulysses_attention_shard(
     inverse_perm: np.ndarray | None = None,
     forward_perm: np.ndarray | None = None,
 ):
-    """Per-shard Ulysses body: all-to-all sequence->heads, full-sequence attention,
-    heads->sequence."""
+    """Per-shard Ulysses body: all-to-all sequence->heads, attention, heads->sequence.
+
+    Args:
+        q: The local queries ``[b, s/cp, hq, d]``.
+        k: The local keys.
+        v: The local values.
+        ids: The local queries' segment ids ``[b, s/cp]``.
+        pos: Their positions.
+        ids_kv: The local keys' segment ids.
+        pos_kv: Their positions.
+        axis_name: The CP mesh axis.
+        kernel: ``kernel(q, k, v, ids_q, ids_kv, pos_q, pos_kv) -> (out, lse)``.
+        inverse_perm: Undoes the load-balancing reorder, or ``None``.
+        forward_perm: Redoes it on the output, or ``None``.
+
+    Returns:
+        The local output, ``[b, s/cp, hq, d]``.
+    """
     to_heads = functools.partial(
         lax.all_to_all, axis_name=axis_name, split_axis=2, concat_axis=1, tiled=True
     )
@@ -197,11 +253,40 @@ def context_parallel_attention(
 ):
     """Attention over a sequence sharded on mesh axis ``axis_name`` with the chosen strategy.
 
-    ``q [b, s, hq, d]``, ``k, v [b, s, hkv, d]``, ``segment_ids, segment_pos [b, s]`` are
-    global arrays, already reordered with ``reorder_causal_load_balancing`` when
-    ``load_balanced``. Returns ``[b, s, hq, d]`` in the same (reordered) layout, sharded like
-    ``q``. ``mesh=None`` uses the mesh set with ``jax.set_mesh``. ``kv_segment_ids/pos``
-    default to the query ones (self-attention).
+    The inputs are global arrays, already reordered with ``reorder_causal_load_balancing``
+    when ``load_balanced``.
+
+    Args:
+        q: Queries ``[b, s, hq, d]``.
+        k: Keys ``[b, s, hkv, d]``.
+        v: Values ``[b, s, hkv, d]``.
+        segment_ids: ``[b, s]`` segment ids (0 = padding).
+        segment_pos: ``[b, s]`` positions inside each segment.
+        mesh: The mesh; ``None`` uses the one set with ``jax.set_mesh``.
+        axis_name: The CP mesh axis.
+        strategy: ``'allgather'``, ``'ring'``, ``'ulysses'`` or a ``CPStrategy``.
+        stripe_size: The striped reorder's stripe.
+        load_balanced: Whether the inputs are reordered.
+        reorder_strategy: The reorder used (``Striped`` or ``DualChunkSwap``).
+        window_size: ``(left, right)`` sliding window; ``-1`` for an unbounded side.
+        scaling_factor: The softmax scale; ``None`` for ``head_dim ** -0.5``.
+        causal: Causal mask.
+        padding: The padding rule: a query sees only keys of its own segment, and padding
+            (id 0) sees nothing.
+        batch_axis: A mesh axis the batch is sharded on, or ``None``.
+        block_q: The default kernel's query block.
+        block_kv: The default kernel's key block.
+        kernel: ``kernel(q, k, v, ids_q, ids_kv, pos_q, pos_kv) -> (out, lse)``; default
+            the blockwise reference kernel.
+        kv_segment_ids: The keys' segment ids; default ``segment_ids`` (self-attention).
+        kv_segment_pos: The keys' positions; default ``segment_pos``.
+
+    Returns:
+        ``[b, s, hq, d]`` in the same (reordered) layout, sharded like ``q``.
+
+    Raises:
+        ValueError: If no mesh is given or active, ``axis_name`` is not one of its axes, the
+            shapes or settings are invalid, or a strategy's rule refuses them.
     """
     strat = normalize_strategy(strategy)
     if mesh is None:

@@ -50,10 +50,18 @@ COMPUTE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of the model. Parameters are always float32; ``dtype`` is the compute
-    dtype: bf16 by default because TE's cuDNN kernels take bf16/fp16 only (float32 suits
-    tight comparisons with the reference backend). ``max_segments_per_seq`` must be at
-    least the largest segment id in any row (TE treats later segments as padding)."""
+    """Sizes of the model.
+
+    Parameters are always float32; ``dtype`` is the compute dtype: bf16 by default because
+    TE's cuDNN kernels take bf16/fp16 only (float32 suits tight comparisons with the reference
+    backend). ``max_segments_per_seq`` must be at least the largest segment id in any row (TE
+    treats later segments as padding).
+
+    Raises:
+        ValueError: If a size is not a positive int, the heads do not group (GQA),
+            ``head_dim`` is odd, the window sees future tokens, ``dtype`` is not a compute
+            dtype or ``rope_base <= 1``.
+    """
 
     vocab_size: int = 256
     d_model: int = 64
@@ -110,6 +118,10 @@ class AttentionSharding:
     ``te.autocast(mesh_resource=MeshResource(..., cp_resource=axis))``, on a batch
     striped with the same ``stripe_size`` for that axis's size
     (``text_data.reorder_for_cp``).
+
+    Raises:
+        ValueError: If ``strategy`` is not a ``CPStrategy`` or ``None``, or the stripe is
+            missing or invalid for it.
     """
 
     strategy: CPStrategy | None = None
@@ -131,6 +143,11 @@ class AttentionSharding:
             rules.check_ring_stripe(self.stripe_size, label="CPStrategy.RING")
 
     def fused_attn_kwargs(self) -> dict:
+        """The keywords that tell ``fused_attn`` to split the sequence this way.
+
+        Returns:
+            ``context_parallel_*`` and ``stripe_size`` keywords; none without a strategy.
+        """
         if self.strategy is None:
             return {}
         return dict(
@@ -145,7 +162,15 @@ NO_CP = AttentionSharding()
 
 
 def init_params(config: ModelConfig, key) -> dict:
-    """Float32 parameters: embedding (also the output layer), blocks, final norm."""
+    """Float32 parameters: embedding (also the output layer), blocks, final norm.
+
+    Args:
+        config: The model's sizes.
+        key: A JAX random key.
+
+    Returns:
+        ``{"embed", "blocks": [per-layer dicts], "final_norm"}``.
+    """
     c = config
     q_dim, kv_dim = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
     shapes = dict(
@@ -171,7 +196,16 @@ def init_params(config: ModelConfig, key) -> dict:
 
 
 def rms_norm(x, scale, eps: float = 1e-6):
-    """Scale each token to unit root-mean-square (in float32), then by ``scale``."""
+    """Scale each token to unit root-mean-square (in float32), then by ``scale``.
+
+    Args:
+        x: ``[..., d]`` activations.
+        scale: ``[d]`` weights.
+        eps: Added to the mean square.
+
+    Returns:
+        The normalised ``x``, in its dtype.
+    """
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (x32 * scale).astype(x.dtype)
@@ -184,6 +218,14 @@ def rope(x, positions, base: float = 10000.0):
     the token, not from its index in the row. So a document starts at angle 0 wherever
     it is packed, and a striped batch needs no change here: the positions were
     reordered together with the tokens.
+
+    Args:
+        x: ``[b, s, h, d]`` queries or keys (``d`` even).
+        positions: ``[b, s]`` positions inside each segment.
+        base: The rotation's frequency base.
+
+    Returns:
+        The rotated ``x``, in its dtype.
     """
     half = x.shape[-1] // 2
     freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
@@ -197,7 +239,20 @@ def rope(x, positions, base: float = 10000.0):
 def attention(
     q, k, v, segment_ids, segment_pos, config: ModelConfig, attn: AttentionSharding = NO_CP
 ):
-    """Causal attention inside each packed segment (THD), through ``fused_attn``."""
+    """Causal attention inside each packed segment (THD), through ``fused_attn``.
+
+    Args:
+        q: ``[b, s, num_q_heads, head_dim]``.
+        k: ``[b, s, num_kv_heads, head_dim]``.
+        v: Like ``k``.
+        segment_ids: ``[b, s]`` segment ids (0 = padding).
+        segment_pos: ``[b, s]`` positions inside each segment.
+        config: The model's sizes (scale, window, ``max_segments_per_seq``).
+        attn: How the sequence is split (default no CP).
+
+    Returns:
+        ``[b, s, num_q_heads, head_dim]``.
+    """
     return fused_attn(
         (q, k, v),
         None,
@@ -236,7 +291,19 @@ def _block(x, p, segment_ids, segment_pos, config, attn):
 def forward(
     params, tokens, segment_ids, segment_pos, config: ModelConfig, attn: AttentionSharding = NO_CP
 ):
-    """Logits ``[batch, seq, vocab]`` in float32; the residual stream stays float32."""
+    """Logits ``[batch, seq, vocab]`` in float32; the residual stream stays float32.
+
+    Args:
+        params: From :func:`init_params`.
+        tokens: ``[batch, seq]`` token ids.
+        segment_ids: ``[batch, seq]`` segment ids (0 = padding).
+        segment_pos: ``[batch, seq]`` positions inside each segment.
+        config: The model's sizes.
+        attn: How the sequence is split (default no CP).
+
+    Returns:
+        The logits.
+    """
     x = jnp.take(params["embed"], tokens, axis=0)  # NumPy parameters work too
     for p in params["blocks"]:
         x = _block(x, p, segment_ids, segment_pos, config, attn)
@@ -261,6 +328,19 @@ def loss_fn(
     five arrays reordered together) has the same loss and gradients as the natural-order
     batch, provided attention is computed correctly for it: on the matching CP mesh, or
     on one device with the reference backend, whose masks come from ids and positions.
+
+    Args:
+        params: From :func:`init_params`.
+        tokens: ``[batch, seq]`` input tokens.
+        targets: ``[batch, seq]`` next tokens.
+        loss_mask: ``[batch, seq]``, 1 where a token counts.
+        segment_ids: ``[batch, seq]`` segment ids.
+        segment_pos: ``[batch, seq]`` positions inside each segment.
+        config: The model's sizes.
+        attn: How the sequence is split (default no CP).
+
+    Returns:
+        The mean loss, a float32 scalar.
     """
     logits = forward(params, tokens, segment_ids, segment_pos, config, attn)
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -272,8 +352,19 @@ def loss_fn(
 def make_train_step(
     config: ModelConfig, optimizer: optax.GradientTransformation, attn: AttentionSharding = NO_CP
 ):
-    """``step(params, opt_state, tokens, targets, loss_mask, segment_ids, segment_pos)``
-    returns ``(params, opt_state, loss)``. Jit it yourself, with your shardings."""
+    """A training step: ``step(params, opt_state, tokens, targets, loss_mask, ids, pos)``.
+
+    Jit it yourself, with your shardings.
+
+    Args:
+        config: The model's sizes.
+        optimizer: An optax optimizer.
+        attn: How the sequence is split (default no CP).
+
+    Returns:
+        ``train_step(params, opt_state, tokens, targets, loss_mask, segment_ids,
+        segment_pos) -> (params, opt_state, loss)``.
+    """
 
     def train_step(params, opt_state, tokens, targets, loss_mask, segment_ids, segment_pos):
         loss, grads = jax.value_and_grad(loss_fn)(
@@ -293,6 +384,17 @@ def relative_update_difference(init, reference, other) -> float:
     a tolerance on ``max |param diff|`` can hardly fail. Measured against the size of the
     update itself, a run whose gradients point elsewhere differs by a sizeable fraction of
     1, while rounding differences stay far below. Norms over all leaves, in float64.
+
+    Args:
+        init: The parameters both runs started from.
+        reference: The reference run's parameters.
+        other: The other run's.
+
+    Returns:
+        The relative difference of the two updates.
+
+    Raises:
+        ValueError: If the trees have different leaf counts, or ``reference`` equals ``init``.
     """
     leaves = [jax.tree.leaves(tree) for tree in (init, reference, other)]
     if not len(leaves[0]) == len(leaves[1]) == len(leaves[2]):

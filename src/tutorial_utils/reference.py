@@ -131,8 +131,7 @@ def _split_gqa(x, hkv):
 
 
 def _finalize(m, l, acc, seen):
-    """Output and LSE of rows that saw a key (``seen``); rows that saw none give 0 and
-    ``LSE_EMPTY``.
+    """Output and LSE of rows that saw a key (``seen``); the others give 0 and ``LSE_EMPTY``.
 
     A NaN/Inf logit makes ``m`` or ``l`` NaN, and the NaN flows through to the row's output
     and LSE: divergence is never turned into zeros.

@@ -84,6 +84,9 @@ def reason(check: Callable, *args, **kwargs) -> str:
         *args: passed to ``check``.
         **kwargs: passed to ``check``.
 
+    Returns:
+        The ``ValueError``'s message, or ``""``.
+
     Raises:
         Nothing of its own: a ``ValueError`` from ``check`` becomes the returned string.
     """
@@ -104,6 +107,9 @@ def normalize_strategy(strategy, *, allow_none: bool = False) -> str | None:
         strategy: a ``CPStrategy`` member (TE's or the reference's), or a name; case, ``_``
             and ``-`` are ignored, and a leading ``CPStrategy.`` is dropped.
         allow_none: return ``None`` for ``None`` (no CP) instead of refusing it.
+
+    Returns:
+        ``'allgather'``, ``'ring'`` or ``'ulysses'`` (or ``None``).
 
     Raises:
         ValueError: the name is not one of the strategies.
@@ -129,6 +135,9 @@ def check_stripe_size(stripe_size, *, name: str = "stripe_size") -> int:
     Args:
         stripe_size: the stripe used with ``reorder_causal_load_balancing``, or ``None``.
         name: how the caller's user spells the parameter.
+
+    Returns:
+        The stripe size as an int.
 
     Raises:
         ValueError: not ``None`` and not a positive int (``bool`` refused).
@@ -196,8 +205,8 @@ def ring_min_window_left(cp_size: int) -> int:
     Args:
         cp_size: the size of the CP mesh axis.
 
-    Raises:
-        Nothing.
+    Returns:
+        ``cp_size - 1``.
     """
     return int(cp_size) - 1
 
@@ -245,6 +254,15 @@ def te_window_size(window):
     Why: the cost model and the benchmarks write "causal, no window" as ``(-1, 0)``, which
     TE's striped Ring computes wrongly (:func:`check_ring_window`); ``None`` with a causal
     mask is the same attention and right under every strategy.
+
+    Args:
+        window: ``None`` or a ``(left, right)`` pair of ints.
+
+    Returns:
+        ``None`` for no window or an unbounded left side, else ``(left, right)``.
+
+    Raises:
+        ValueError: ``window`` is not ``None`` or a pair of ints.
     """
     if window is None:
         return None
@@ -473,6 +491,9 @@ def check_max_segments(max_segments_per_seq, *, name: str = "max_segments_per_se
         max_segments_per_seq: the value passed to ``fused_attn`` or the validator.
         name: how the caller's user spells the parameter (``"--max-segments"``).
 
+    Returns:
+        ``max_segments_per_seq`` as an int.
+
     Raises:
         ValueError: not a positive int (``bool`` refused).
     """
@@ -524,6 +545,9 @@ def check_gqa_heads(
         num_kv_heads: key/value heads.
         name: how the caller's user spells the KV head count (``"--kv-heads"``).
         q_name: how the caller's user spells the query head count (``"--q-heads"``).
+
+    Returns:
+        The group size, ``num_q_heads // num_kv_heads``.
 
     Raises:
         ValueError: ``num_kv_heads < 1`` or it does not divide ``num_q_heads``.

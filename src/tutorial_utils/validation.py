@@ -42,7 +42,18 @@ __all__ = [
 
 
 def check_window(window, name: str = "window_size") -> tuple[int, int]:
-    """Normalise a sliding window to ``(left, right)``; ``None`` means ``(-1, -1)``."""
+    """Normalise a sliding window to ``(left, right)``; ``None`` means ``(-1, -1)``.
+
+    Args:
+        window: ``None`` or a ``(left, right)`` pair of ints, ``-1`` for an unbounded side.
+        name: The parameter's name in error messages.
+
+    Returns:
+        ``(left, right)`` as Python ints.
+
+    Raises:
+        ValueError: If it is not a pair of ints, or a bound is below -1.
+    """
     if window is None:
         return (-1, -1)
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -66,13 +77,23 @@ def check_window(window, name: str = "window_size") -> tuple[int, int]:
 
 
 def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
-    """Static checks of ``q [b, s_q, h_q, d]``, ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv,
-    d_v]``.
+    """Static checks of ``q [b, s_q, h_q, d]``, ``k [b, s_kv, h_kv, d]``, ``v [b, s_kv, h_kv, dv]``.
 
     Why: attention kernels broadcast and pad quietly. A ``v`` shorter than ``k`` gets
     zero-padded, a ``v`` with fewer heads gets broadcast, an int ``q`` gives an int output.
     Only shapes and dtypes are read (anything with ``.shape`` and ``.dtype``, including
     ``jax.ShapeDtypeStruct`` and tracers), so nothing is added to a traced computation.
+
+    Args:
+        q: The queries.
+        k: The keys.
+        v: The values.
+        names: The three arrays' names in error messages.
+
+    Raises:
+        ValueError: If an input is not a 4-D floating array with no zero-sized axis, the
+            dtypes or batch sizes differ, ``k`` and ``v`` differ in length or heads, ``q`` and
+            ``k`` in head_dim, or the query heads are not a multiple of the kv heads.
     """
     arrays = dict(zip(names, (q, k, v)))
     for name, x in arrays.items():
@@ -124,7 +145,18 @@ def check_qkv(q, k, v, *, names=("q", "k", "v")) -> None:
 
 
 def check_scaling_factor(scaling_factor, name: str = "scaling_factor") -> float:
-    """A finite real number; usually ``head_dim ** -0.5``. ``None`` or NaN would hide divergence."""
+    """A finite real number; usually ``head_dim ** -0.5``. ``None`` or NaN would hide divergence.
+
+    Args:
+        scaling_factor: The softmax scale.
+        name: The parameter's name in error messages.
+
+    Returns:
+        It, as a float.
+
+    Raises:
+        ValueError: If it is not a finite int or float (a bool is refused).
+    """
     if (
         isinstance(scaling_factor, bool)
         or not isinstance(scaling_factor, (int, float, np.integer, np.floating))
@@ -138,8 +170,18 @@ def check_scaling_factor(scaling_factor, name: str = "scaling_factor") -> float:
 
 
 def check_bias(bias, *, batch: int, num_q_heads: int, seq_q: int, seq_kv: int) -> None:
-    """``bias`` must be ``[batch or 1, num_q_heads or 1, seq_q, seq_kv]``: broadcast only where TE
-    does."""
+    """``bias`` must be ``[batch or 1, num_q_heads or 1, seq_q, seq_kv]``: TE's broadcasts only.
+
+    Args:
+        bias: The attention bias (anything with ``.shape``).
+        batch: The batch size.
+        num_q_heads: The query head count.
+        seq_q: The query length.
+        seq_kv: The key length.
+
+    Raises:
+        ValueError: If its shape is not one of those.
+    """
     shape = tuple(getattr(bias, "shape", ()))
     ok = (
         len(shape) == 4
@@ -155,12 +197,21 @@ def check_bias(bias, *, batch: int, num_q_heads: int, seq_q: int, seq_kv: int) -
 
 
 def check_seqlens_offsets(seqlens, offsets, seq_len: int, name: str = "q") -> None:
-    """Concrete THD ``(seqlens, offsets)``: each row's segments inside ``[0, seq_len)`` and
-    disjoint.
+    """Concrete THD ``(seqlens, offsets)``: each row's segments inside ``[0, seq_len)``, disjoint.
 
     Why: the kernel pairs the i-th positive length with the i-th non-negative offset, so an
     extra offset (a per-row end offset, say) or overlapping ranges create phantom segments
     instead of an error. Lengths are padded with 0 or -1, offsets with -1.
+
+    Args:
+        seqlens: ``[batch, max_segments]`` segment lengths.
+        offsets: ``[batch, max_segments]`` segment start offsets.
+        seq_len: The row length.
+        name: Which side (``"q"`` or ``"kv"``), for error messages.
+
+    Raises:
+        ValueError: If the shapes differ or are not 2-D, a row has more lengths than offsets
+            (or fewer), or a segment overlaps the previous one or runs past ``seq_len``.
     """
     lens, offs = np.asarray(seqlens), np.asarray(offsets)
     if lens.ndim != 2 or lens.shape != offs.shape:
@@ -203,7 +254,20 @@ def first_violation(
     strategy=None,
     window_size=None,
 ) -> str | None:
-    """The first violated precondition as a message, or ``None`` when the inputs are safe."""
+    """The first violated precondition as a message, or ``None`` when the inputs are safe.
+
+    Args:
+        segment_ids: As for :func:`validate_packed_inputs`.
+        segment_pos: As for :func:`validate_packed_inputs`.
+        max_segments_per_seq: As for :func:`validate_packed_inputs`.
+        cp_size: As for :func:`validate_packed_inputs`.
+        stripe_size: As for :func:`validate_packed_inputs`.
+        strategy: As for :func:`validate_packed_inputs`.
+        window_size: As for :func:`validate_packed_inputs`.
+
+    Returns:
+        :func:`validate_packed_inputs`' error message, or ``None``.
+    """
     try:
         validate_packed_inputs(
             segment_ids,
@@ -234,8 +298,22 @@ def validate_packed_inputs(
     """Raise ``ValueError`` if packed THD inputs violate a precondition of TE's THD (CP) paths.
 
     Pass the **global, un-reordered** ``[batch, seq]`` segment ids and positions (host arrays or
-    concrete JAX arrays). ``strategy`` is ``'ring'``, ``'allgather'``, ``'ulysses'`` or a
-    ``CPStrategy``.
+    concrete JAX arrays).
+
+    Args:
+        segment_ids: ``[batch, seq]`` ints: 0 for padding, segments 1..N in order of appearance.
+        segment_pos: ``[batch, seq]`` positions, counting from 0 in each segment.
+        max_segments_per_seq: The most segments a row may hold (TE's argument of that name).
+        cp_size: The context-parallel size; 1 for none.
+        stripe_size: The striped reorder's stripe; ``None`` for 1.
+        strategy: ``'ring'``, ``'allgather'``, ``'ulysses'``, a ``CPStrategy`` or ``None``.
+        window_size: A sliding window ``(left, right)``, or ``None``.
+        num_q_heads: The query heads, for Ulysses' head split; ``None`` skips that check.
+        num_kv_heads: The kv heads (default ``num_q_heads``).
+
+    Raises:
+        ValueError: Naming the parameter, the offending value and the fix, for the first
+            precondition the inputs violate.
     """
     for name, value in (
         ("cp_size", cp_size),
@@ -361,8 +439,10 @@ def _compact(ids, pos):
 
 
 def _rank_metadata(ids, pos, ids_ag, pos_ag, max_segs):
-    """One row of one rank: TE 2.20.2's ``*_for_striped_for_rank`` results (q lens, q offs, kv lens,
-    kv offs)."""
+    """One row of one rank: TE 2.20.2's ``*_for_striped_for_rank`` results.
+
+    Returns ``(q lens, q offs, kv lens, kv offs)``.
+    """
     n = len(ids)
     vid, vpos, valid = _compact(ids, pos)
     # q_seqlens_for_striped_for_rank: runs of valid tokens, split where the id changes or pos jumps
@@ -395,8 +475,9 @@ def _fix_len_take(x, keep, fill):
 
 
 def _kernel_key_ranges(q_lens, q_offs, kv_lens, kv_offs, rows_q, rows_kv, left):
-    """What cuDNN reads from the metadata (after ``FusedAttnFwdPrimitive.impl`` packs it): for each
-    flattened query row, the inclusive range of gathered key rows it attends
+    """What cuDNN reads from the metadata (after ``FusedAttnFwdPrimitive.impl`` packs it).
+
+    For each flattened query row, the inclusive range of gathered key rows it attends
     (PADDING_CAUSAL_BOTTOM_RIGHT).
     """
     batch = q_lens.shape[0]
@@ -443,6 +524,18 @@ def allgather_mismatch(
     out of step and whole runs attend the wrong keys, silently. This function replays that
     metadata (TE 2.20.2's ``*_for_striped_for_rank`` helpers) and the kernel's reading of
     it, and compares every query's key range with the true one.
+
+    Args:
+        segment_ids: Global, un-reordered ``[batch, seq]`` segment ids.
+        segment_pos: Their positions.
+        cp_size: The context-parallel size.
+        stripe_size: The striped reorder's stripe.
+        max_segments_per_seq: TE's argument of that name.
+        window_size: A sliding window ``(left, right)``, or ``None``.
+
+    Returns:
+        The first wrong query (row, token, rank, the keys it would attend and the right ones),
+        or ``None`` if every query attends its true keys.
     """
     ids = np.asarray(segment_ids)
     pos = np.asarray(segment_pos)
@@ -491,13 +584,22 @@ def allgather_mismatch(
 
 
 def reorder_mismatch(segment_ids, segment_pos, *, cp_size: int, stripe_size) -> str | None:
-    """Why concrete ``[batch, seq]`` ids/positions were not striped for ``(cp_size, stripe_size)``,
-    or ``None``.
+    """Why concrete ids/positions were not striped for ``(cp_size, stripe_size)``, or ``None``.
 
     Why: data striped for one CP size and sharded over a mesh of another is silently wrong in
     TE (a cp=4 reorder undone with cp=2, or no CP at all on one device). Undoing the reorder
     must give rows whose positions count 0, 1, 2, ... inside each segment; if another CP size
     (or no reorder) does that instead, the message names it.
+
+    Args:
+        segment_ids: Reordered ``[batch, seq]`` segment ids.
+        segment_pos: Their positions.
+        cp_size: The CP size the mesh has.
+        stripe_size: The stripe; ``None`` for 1.
+
+    Returns:
+        A message naming the CP size the data was reordered for (or that it was not
+        reordered) and the fix, or ``None`` if it fits ``cp_size`` or no other reading fits.
     """
     ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
     seq = ids.shape[-1]

@@ -24,7 +24,14 @@ from ..validation import (
 
 
 def name_of(x) -> str:
-    """An enum member's name, TE's or the reference's (anything else as text)."""
+    """An enum member's name, TE's or the reference's (anything else as text).
+
+    Args:
+        x: An enum member, or anything.
+
+    Returns:
+        Its ``.name``, or ``str(x)``.
+    """
     return getattr(x, "name", str(x))
 
 
@@ -48,6 +55,27 @@ def static_checks(
 
     Covers the cases where TE itself would raise an obscure error deep in a primitive, or
     (Ring with ``stripe_size > 1``, Ring + window ``left < cp-1``) would return wrong results.
+
+    Args:
+        q_shape: The queries' shape ``[b, s_q, h_q, d]``.
+        k_shape: The keys' shape.
+        attn_bias_type: ``fused_attn``'s argument of that name.
+        attn_mask_type: Likewise.
+        qkv_layout: Likewise.
+        softmax_type: Likewise.
+        dropout_probability: Likewise.
+        max_segments_per_seq: Likewise.
+        window_size: Likewise.
+        context_parallel_strategy: Likewise.
+        context_parallel_causal_load_balanced: Likewise.
+        stripe_size: Likewise.
+        cp_size: The size of the CP mesh axis (1 without CP).
+
+    Returns:
+        The window as ``(left, right)``.
+
+    Raises:
+        ValueError: For the first setting TE would refuse obscurely or compute wrongly.
     """
     window = check_window(window_size)
     check_scalars(
@@ -117,6 +145,13 @@ def check_scalars(*, dropout_probability, max_segments_per_seq) -> None:
     On TE's path without this, ``dropout_probability=1.5`` with ``is_training=False`` is
     accepted silently (TE ignores dropout at inference, so a typo survives until training)
     and ``max_segments_per_seq=0`` fails inside JAX with a zero-size reduction.
+
+    Args:
+        dropout_probability: Must be a float in ``[0, 1)``.
+        max_segments_per_seq: Must be a positive int.
+
+    Raises:
+        ValueError: If either is out of range.
     """
     rules.check_max_segments(max_segments_per_seq)
     try:
@@ -156,6 +191,14 @@ def silent_failure_checks(
       a striped ring step, so spurious pairs appear;
     * THD AllGather without ``context_parallel_causal_load_balanced=True``: TE then treats
       the striped shards as contiguous.
+
+    Args:
+        qkv_layout: ``fused_attn``'s argument of that name.
+        window_size: Likewise.
+        context_parallel_strategy: Likewise.
+        context_parallel_causal_load_balanced: Likewise.
+        stripe_size: Likewise.
+        cp_size: The size of the CP mesh axis.
     """
     if cp_size <= 1 or not name_of(qkv_layout).startswith("T"):
         return
@@ -171,6 +214,18 @@ def unpack_qkv(qkv, qkv_layout, *, slice_packed: bool = True):
 
     With ``slice_packed=False`` packed tensors give ``jax.ShapeDtypeStruct`` views (the
     checks need shapes only, and slicing would add work to a traced computation).
+
+    Args:
+        qkv: ``(packed,)``, ``(q, kv)`` or ``(q, k, v)``.
+        qkv_layout: The layout they are in.
+        slice_packed: Slice packed tensors (else shape-only views).
+
+    Returns:
+        ``(q, k, v)``.
+
+    Raises:
+        ValueError: If ``qkv`` is not such a tuple, its length does not match the layout, or a
+            packed tensor is not ``[batch, seq, n, heads, head_dim]``.
     """
     if not isinstance(qkv, (tuple, list)) or not 1 <= len(qkv) <= 3:
         raise ValueError(
@@ -207,8 +262,21 @@ def check_call(qkv, bias, sequence_descriptor, *, attn_bias_type, qkv_layout, sc
     """The checks on the *arrays* of a ``fused_attn`` call, for both backends.
 
     Shapes and dtypes of q/k/v (and the packed axis), ``scaling_factor``, the bias shape,
-    and (when concrete, i.e. not traced) THD seqlens/offsets. Returns ``qkv`` with NumPy
-    arrays made JAX arrays, so an eager call behaves as under ``jit``.
+    and (when concrete, i.e. not traced) THD seqlens/offsets.
+
+    Args:
+        qkv: ``fused_attn``'s argument of that name.
+        bias: Likewise.
+        sequence_descriptor: Likewise.
+        attn_bias_type: Likewise.
+        qkv_layout: Likewise.
+        scaling_factor: Likewise.
+
+    Returns:
+        ``qkv`` with NumPy arrays made JAX arrays, so an eager call behaves as under ``jit``.
+
+    Raises:
+        ValueError: If an array, the scale, the bias or the seqlens/offsets are invalid.
     """
     qkv = (
         type(qkv)(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in qkv)

@@ -31,8 +31,7 @@ from .sharding import batch_axes, cp_axis_and_size
 
 
 class AttnBiasType(enum.Enum):
-    """Bias added to the attention logits (the reference supports NO_BIAS and
-    POST_SCALE_BIAS)."""
+    """Bias added to the attention logits (the reference supports NO_BIAS, POST_SCALE_BIAS)."""
 
     NO_BIAS = 0
     PRE_SCALE_BIAS = 1
@@ -50,6 +49,11 @@ class AttnMaskType(enum.Enum):
     PADDING_CAUSAL_BOTTOM_RIGHT_MASK = 5
 
     def is_causal(self):
+        """Whether the mask is causal.
+
+        Returns:
+            True for the four causal masks.
+        """
         return self in (
             AttnMaskType.CAUSAL_MASK,
             AttnMaskType.PADDING_CAUSAL_MASK,
@@ -58,6 +62,11 @@ class AttnMaskType(enum.Enum):
         )
 
     def is_padding(self):
+        """Whether padding tokens are masked.
+
+        Returns:
+            True for the three padding masks.
+        """
         return self in (
             AttnMaskType.PADDING_MASK,
             AttnMaskType.PADDING_CAUSAL_MASK,
@@ -65,6 +74,11 @@ class AttnMaskType(enum.Enum):
         )
 
     def is_bottom_right(self):
+        """Whether the causal diagonal is aligned to the bottom right.
+
+        Returns:
+            True for the two bottom-right masks.
+        """
         return self in (
             AttnMaskType.CAUSAL_BOTTOM_RIGHT_MASK,
             AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK,
@@ -80,6 +94,17 @@ class AttnSoftmaxType(enum.Enum):
 
     @classmethod
     def from_str(cls, softmax_type: str) -> AttnSoftmaxType:
+        """The member for a name, as TE spells it.
+
+        Args:
+            softmax_type: ``"vanilla"``, ``"off_by_one"`` or ``"learnable"``.
+
+        Returns:
+            The member.
+
+        Raises:
+            ValueError: If the name is not one of those.
+        """
         table = {
             "vanilla": cls.VANILLA_SOFTMAX,
             "off_by_one": cls.OFF_BY_ONE_SOFTMAX,
@@ -93,14 +118,15 @@ class AttnSoftmaxType(enum.Enum):
 
 
 class QKVFormat(enum.Enum):
+    """The tensor format of a layout: SBHD, BSHD (padded rows) or THD (packed segments)."""
+
     SBHD = 0
     BSHD = 1
     THD = 2
 
 
 class QKVLayout(enum.Enum):
-    """How Q, K, V are passed: packed, KV-packed or separate; BSHD (padded) or THD (packed
-    segments)."""
+    """How Q, K, V are passed: packed, KV-packed or separate; BSHD (padded) or THD (packed)."""
 
     BS3HD = 0
     BSHD_BS2HD = 1
@@ -110,27 +136,67 @@ class QKVLayout(enum.Enum):
     THD_THD_THD = 5
 
     def get_qkv_format(self):
+        """The layout's tensor format.
+
+        Returns:
+            ``QKVFormat.THD`` or ``QKVFormat.BSHD``.
+        """
         return QKVFormat.THD if self.is_thd() else QKVFormat.BSHD
 
     def is_qkvpacked(self):
+        """Whether Q, K and V are one packed tensor.
+
+        Returns:
+            True for BS3HD and T3HD.
+        """
         return self in (QKVLayout.BS3HD, QKVLayout.T3HD)
 
     def is_kvpacked(self):
+        """Whether K and V are one packed tensor.
+
+        Returns:
+            True for BSHD_BS2HD and THD_T2HD.
+        """
         return self in (QKVLayout.BSHD_BS2HD, QKVLayout.THD_T2HD)
 
     def is_separate(self):
+        """Whether Q, K and V are three tensors.
+
+        Returns:
+            True for BSHD_BSHD_BSHD and THD_THD_THD.
+        """
         return self in (QKVLayout.BSHD_BSHD_BSHD, QKVLayout.THD_THD_THD)
 
     def is_thd(self):
+        """Whether the layout is THD.
+
+        Returns:
+            True for the three THD layouts.
+        """
         return self in (QKVLayout.T3HD, QKVLayout.THD_T2HD, QKVLayout.THD_THD_THD)
 
     def to_qkvpacked(self):
+        """The QKV-packed layout of the same format.
+
+        Returns:
+            T3HD or BS3HD.
+        """
         return QKVLayout.T3HD if self.is_thd() else QKVLayout.BS3HD
 
     def to_kvpacked(self):
+        """The KV-packed layout of the same format.
+
+        Returns:
+            THD_T2HD or BSHD_BS2HD.
+        """
         return QKVLayout.THD_T2HD if self.is_thd() else QKVLayout.BSHD_BS2HD
 
     def to_separate(self):
+        """The separate layout of the same format.
+
+        Returns:
+            THD_THD_THD or BSHD_BSHD_BSHD.
+        """
         return QKVLayout.THD_THD_THD if self.is_thd() else QKVLayout.BSHD_BSHD_BSHD
 
 
@@ -156,11 +222,10 @@ def _pair(value, what):
 
 @jax.tree_util.register_pytree_node_class
 class SequenceDescriptor:
-    """Describes packed/padded sequences: seqlens+offsets or segment ids+positions, each a (q,
-    kv) pair.
+    """Packed or padded sequences: seqlens and offsets, or segment ids and positions.
 
-    A pytree with 8 leaves in TE's order (q/kv seqlens, q/kv offsets, q/kv segment ids,
-    q/kv segment positions); unused fields hold size-0 placeholders.
+    Each field is a ``(q, kv)`` pair. A pytree with 8 leaves in TE's order (q/kv seqlens, q/kv
+    offsets, q/kv segment ids, q/kv segment positions); unused fields hold size-0 placeholders.
     """
 
     def __init__(self, seqlens=None, seq_offsets=None, segment_ids=None, segment_pos=None):
@@ -170,30 +235,73 @@ class SequenceDescriptor:
         self.segment_pos = segment_pos if segment_pos is not None else (_empty(), _empty())
 
     def tree_flatten(self):
+        """The pytree's children, in TE's order.
+
+        Returns:
+            ``((seqlens, seq_offsets, segment_ids, segment_pos), None)``.
+        """
         return (self.seqlens, self.seq_offsets, self.segment_ids, self.segment_pos), None
 
     @classmethod
     def tree_unflatten(cls, aux_data, children):
+        """Rebuild a descriptor from :meth:`tree_flatten`'s output.
+
+        Args:
+            aux_data: Unused.
+            children: The four ``(q, kv)`` pairs.
+
+        Returns:
+            The descriptor.
+        """
         del aux_data
         return cls(*children)
 
     @classmethod
     def from_seqlens(cls, seqlens):
-        """BSHD: valid lengths ``[batch]`` (or a (q, kv) pair); tokens past the length are
-        padding."""
+        """BSHD: valid lengths; tokens past the length are padding.
+
+        Args:
+            seqlens: ``[batch]`` lengths, or a ``(q, kv)`` pair of them.
+
+        Returns:
+            The descriptor.
+
+        Raises:
+            ValueError: If a tuple is not a ``(q, kv)`` pair.
+        """
         q, kv = _pair(seqlens, "seqlens")
         return cls(seqlens=(q, kv))
 
     @classmethod
     def from_seqlens_and_offsets(cls, seqlens, seq_offsets):
-        """THD: per-row segment lengths ``[batch, K]`` and segment *start* offsets, padded with
-        -1."""
+        """THD: per-row segment lengths and segment *start* offsets, padded with -1.
+
+        Args:
+            seqlens: ``[batch, K]`` lengths, or a ``(q, kv)`` pair of them.
+            seq_offsets: ``[batch, K]`` start offsets, or a ``(q, kv)`` pair.
+
+        Returns:
+            The descriptor.
+
+        Raises:
+            ValueError: If a tuple is not a ``(q, kv)`` pair.
+        """
         return cls(seqlens=_pair(seqlens, "seqlens"), seq_offsets=_pair(seq_offsets, "seq_offsets"))
 
     @classmethod
     def from_segment_ids_and_pos(cls, segment_ids, segment_pos=None):
-        """THD: per-token segment ids (0 = padding) and positions inside the segment, ``[batch,
-        seq]``."""
+        """THD: per-token segment ids (0 = padding) and positions inside the segment.
+
+        Args:
+            segment_ids: ``[batch, seq]`` ids, or a ``(q, kv)`` pair of them.
+            segment_pos: ``[batch, seq]`` positions, or a ``(q, kv)`` pair; required.
+
+        Returns:
+            The descriptor.
+
+        Raises:
+            ValueError: If ``segment_pos`` is ``None``, or a tuple is not a ``(q, kv)`` pair.
+        """
         if segment_pos is None:
             raise ValueError(
                 "segment_pos=None: segment positions are required (automatic generation cannot"
@@ -206,7 +314,20 @@ class SequenceDescriptor:
         )
 
     def token_ids_and_pos(self, batch: int, seq_q: int, seq_kv: int, qkv_layout):
-        """Per-token ``(ids_q, ids_kv, pos_q, pos_kv)`` for the reference kernels."""
+        """Per-token ``(ids_q, ids_kv, pos_q, pos_kv)`` for the reference kernels.
+
+        Args:
+            batch: The batch size.
+            seq_q: The query length.
+            seq_kv: The key length.
+            qkv_layout: The layout (unused: the fields say which form was given).
+
+        Returns:
+            ``(ids_q, ids_kv, pos_q, pos_kv)``, each ``[batch, seq]`` int32.
+
+        Raises:
+            ValueError: If the descriptor is empty or its arrays have the wrong shapes.
+        """
         if self.segment_ids[0].size:
             ids_q, ids_kv = self.segment_ids
             pos_q, pos_kv = self.segment_pos
@@ -307,10 +428,43 @@ def fused_attn(
 ):
     """Fused attention with TE's semantics, computed by the pure-JAX reference.
 
-    Returns ``[b, s_q, h_q, d_v]`` in the query dtype (``(out, max_logit)`` with
-    ``return_max_logit``). Differentiable in ``qkv`` (and bias / learnable
-    ``softmax_offset``). Under an active mesh whose CP axis (``context_parallel_axis`` or
-    ``MeshResource.cp_resource``) has size > 1, runs the chosen CP strategy.
+    Differentiable in ``qkv`` (and bias / learnable ``softmax_offset``). Under an active mesh
+    whose CP axis (``context_parallel_axis`` or ``MeshResource.cp_resource``) has size > 1,
+    runs the chosen CP strategy.
+
+    Args:
+        qkv: ``(q, k, v)``, ``(q, kv_packed)`` or ``(qkv_packed,)``, as ``qkv_layout`` says.
+        bias: The attention bias, or ``None``.
+        sequence_descriptor: A ``SequenceDescriptor``, or ``None`` for whole rows.
+        seed: The dropout seed (unused: the reference has no dropout).
+        attn_bias_type: An ``AttnBiasType``.
+        attn_mask_type: An ``AttnMaskType``.
+        qkv_layout: A ``QKVLayout``.
+        softmax_type: An ``AttnSoftmaxType``.
+        scaling_factor: The softmax scale, usually ``head_dim ** -0.5``.
+        dropout_probability: In ``[0, 1)`` and 0.0 when training: the reference has no dropout.
+        is_training: Whether dropout applies.
+        max_segments_per_seq: The most segments a THD row holds.
+        window_size: A ``(left, right)`` sliding window, or ``None``.
+        context_parallel_strategy: A ``CPStrategy``.
+        context_parallel_causal_load_balanced: Whether the inputs are reordered for CP.
+        context_parallel_axis: The CP mesh axis; ``""`` for ``MeshResource.cp_resource``.
+        context_checkpoint_name: TE's checkpoint name for the attention context (unused here).
+        softmax_offset: The learnable softmax's ``[1, h_q, 1, 1]`` sink logits, or ``None``.
+        stripe_size: The striped reorder's stripe (THD with CP).
+        score_mod: A score modifier (cuDNN's frontend graph); must be ``None`` here.
+        score_mod_bprop: Likewise, for the backward.
+        score_mod_tensors: The tensors ``score_mod`` reads.
+        score_mod_bprop_tensors: The tensors ``score_mod_bprop`` reads.
+        return_max_logit: Also return each head's largest logit.
+
+    Returns:
+        ``[b, s_q, h_q, d_v]`` in the query dtype; ``(out, max_logit)`` with
+        ``return_max_logit``.
+
+    Raises:
+        ValueError: For an argument TE would refuse or compute wrongly, ``score_mod``, dropout
+            while training, or ``return_max_logit`` with a bias or CP.
     """
     del seed, context_checkpoint_name
     for arg, enum_cls in (
@@ -506,7 +660,39 @@ def is_fused_attn_kernel_available(
     """Reference backend: True when the *reference* can compute this configuration.
 
     It says nothing about cuDNN on your GPU (THD needs sm90+, THD GQA/SWA need cuDNN >= 9.6);
-    on a GPU node this name is TE's own function.
+    on a GPU node this name is TE's own function. The arguments are TE's; those the reference
+    does not need are unused.
+
+    Args:
+        is_training: Whether dropout would apply.
+        batch_size: Unused.
+        q_dtype: Unused.
+        kv_dtype: Unused.
+        qkv_layout: Unused.
+        attn_bias_type: Unused.
+        attn_mask_type: Unused.
+        softmax_type: Unused.
+        dropout_probability: Nonzero while training is not supported.
+        q_num_heads: The query heads.
+        kv_num_heads: The kv heads; they must divide ``q_num_heads``.
+        q_max_seqlen: Unused.
+        kv_max_seqlen: Unused.
+        head_dim_qk: Unused.
+        head_dim_v: Unused.
+        window_size: A ``(left, right)`` window, or ``None``.
+        return_max_logit: Unused.
+        bottom_right_diagonal: Unused.
+        bias_batch: Unused.
+        bias_heads: Unused.
+        bias_seqlen_q: Unused.
+        bias_seqlen_kv: Unused.
+        max_segments_per_seq: Unused.
+
+    Returns:
+        Whether the reference computes it.
+
+    Raises:
+        ValueError: If a head count is not a positive int.
     """
     del (
         batch_size,

@@ -60,11 +60,48 @@ def fused_attn(
     score_mod_bprop_tensors=None,
     return_max_logit=False,
 ):
-    """TE's ``fused_attn`` after :func:`silent_failure_checks` (and, for concrete segment ids
-    and positions, :func:`reorder_mismatch`; under ``jit`` they are traced and only the static
-    checks apply). With a CP axis of size > 1, inputs whose placement is visible must be
-    sharded over it (:func:`~tutorial_utils.te.placement.check_placement`), and TE's call runs
-    compiled as a whole with the sequence shardings pinned (:func:`_te_cp_call`)."""
+    """TE's ``fused_attn`` after :func:`silent_failure_checks` and :func:`reorder_mismatch`.
+
+    :func:`reorder_mismatch` reads concrete segment ids and positions (under ``jit`` they are
+    traced and only the static checks apply). With a CP axis of size > 1, inputs whose
+    placement is visible must be sharded over it
+    (:func:`~tutorial_utils.te.placement.check_placement`), and TE's call runs compiled as a
+    whole with the sequence shardings pinned (:func:`_te_cp_call`).
+
+    Args:
+        qkv: ``(q, k, v)``, ``(q, kv_packed)`` or ``(qkv_packed,)``, as ``qkv_layout`` says.
+        bias: The attention bias, or ``None``.
+        sequence_descriptor: A ``SequenceDescriptor``, or ``None`` for whole rows.
+        seed: The dropout seed (TE's; ``None`` without dropout).
+        attn_bias_type: An ``AttnBiasType``.
+        attn_mask_type: An ``AttnMaskType``.
+        qkv_layout: A ``QKVLayout``.
+        softmax_type: An ``AttnSoftmaxType``.
+        scaling_factor: The softmax scale, usually ``head_dim ** -0.5``.
+        dropout_probability: In ``[0, 1)``.
+        is_training: Whether dropout applies.
+        max_segments_per_seq: The most segments a THD row holds.
+        window_size: A ``(left, right)`` sliding window, or ``None``.
+        context_parallel_strategy: A ``CPStrategy``.
+        context_parallel_causal_load_balanced: Whether the inputs are reordered for CP.
+        context_parallel_axis: The CP mesh axis; ``""`` for ``MeshResource.cp_resource``.
+        context_checkpoint_name: TE's checkpoint name for the attention context.
+        softmax_offset: The learnable softmax's ``[1, h_q, 1, 1]`` sink logits, or ``None``.
+        stripe_size: The striped reorder's stripe (THD with CP).
+        score_mod: A score modifier (TE's cuDNN frontend graph), or ``None``.
+        score_mod_bprop: Likewise, for the backward.
+        score_mod_tensors: The tensors ``score_mod`` reads.
+        score_mod_bprop_tensors: The tensors ``score_mod_bprop`` reads.
+        return_max_logit: Also return each head's largest logit.
+
+    Returns:
+        ``[b, s_q, h_q, d_v]`` in the query dtype; ``(out, max_logit)`` with
+        ``return_max_logit``.
+
+    Raises:
+        ValueError: For the inputs TE accepts and computes wrongly, a misplaced input, or
+            ids/positions reordered for another CP size (TE's own errors pass through).
+    """
     qkv = check_call(
         qkv,
         bias,

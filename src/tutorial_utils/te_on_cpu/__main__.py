@@ -1,5 +1,4 @@
-"""``python -m tutorial_utils.te_on_cpu [--devices N] script.py``: run an unmodified TE script on
-CPU."""
+"""``python -m tutorial_utils.te_on_cpu [--devices N] script.py``: a TE script, run on CPU."""
 
 import sys
 

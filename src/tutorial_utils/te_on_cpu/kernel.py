@@ -40,7 +40,14 @@ _state: dict = {"loaded": None, "why_not": None}
 
 
 def choice() -> str:
-    """``TUTORIAL_CPU_KERNEL``: ``auto`` (default: compiled if it builds), ``cpp`` or ``jax``."""
+    """``TUTORIAL_CPU_KERNEL``: ``auto`` (default: compiled if it builds), ``cpp`` or ``jax``.
+
+    Returns:
+        The setting, lower-cased.
+
+    Raises:
+        ValueError: If it is set to anything else.
+    """
     value = os.environ.get("TUTORIAL_CPU_KERNEL", "auto").strip().lower() or "auto"
     if value not in CHOICES:
         raise ValueError(
@@ -76,6 +83,9 @@ def cache_dir() -> Path:
     ``$TUTORIAL_CPU_KERNEL_CACHE``, else ``cp-attention-tutorial`` under ``$XDG_CACHE_HOME``
     (default ``~/.cache``). Each library is keyed by the source, the compiler, jaxlib's
     version and the CPU.
+
+    Returns:
+        The folder (it may not exist yet).
     """
     default = (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cp-attention-tutorial"
@@ -103,8 +113,7 @@ def _build(cxx: str, include: str) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):
-    """An exclusive lock on ``path`` between processes (``fcntl.flock``), or none where there is no
-    fcntl."""
+    """An exclusive lock on ``path`` between processes (``fcntl.flock``); none without fcntl."""
     if fcntl is None:  # not POSIX: builders may race; the rename below still keeps the file whole
         yield
         return
@@ -150,6 +159,9 @@ def load() -> tuple[bool, str | None]:
     The library is built on first use with the machine's C++ compiler (``$CXX``, ``g++``,
     ``c++`` or ``clang++``) against the FFI headers that jaxlib ships, and cached under
     :func:`cache_dir`.
+
+    Returns:
+        ``(True, None)``, or ``(False, why not)``: any failure is reported, not raised.
     """
     with _lock:
         if _state["loaded"] is not None:
@@ -179,6 +191,12 @@ def use_compiled() -> bool:
     Where no compiler works, the pure-JAX kernel is used (same semantics) and :func:`status`
     says why; ``TUTORIAL_CPU_KERNEL=jax`` asks for the JAX kernel, ``=cpp`` insists on the
     compiled one.
+
+    Returns:
+        Whether the compiled kernel runs.
+
+    Raises:
+        RuntimeError: If ``TUTORIAL_CPU_KERNEL=cpp`` and the library cannot be built or loaded.
     """
     wanted = choice()
     if wanted == "jax":
@@ -193,7 +211,11 @@ def use_compiled() -> bool:
 
 
 def status() -> str:
-    """One line for banners and records: which stand-in kernel runs, and why."""
+    """One line for banners and records: which stand-in kernel runs, and why.
+
+    Returns:
+        ``"compiled C++ kernel"``, or ``"JAX kernel (...)"`` with the reason.
+    """
     wanted = choice()
     if wanted == "jax":
         return "JAX kernel (TUTORIAL_CPU_KERNEL=jax)"
@@ -202,8 +224,7 @@ def status() -> str:
 
 
 def _check_shapes(q, k, v, lo, hi):
-    """Shape errors in Python, naming the argument, before the kernel would only say 'invalid
-    argument'."""
+    """Shape errors in Python, naming the argument (the kernel would say 'invalid argument')."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
             raise ValueError(
@@ -229,10 +250,20 @@ def _check_shapes(q, k, v, lo, hi):
 
 
 def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
-    """``(out, lse, max_logit)`` in float32: ``out [b, sq, hq, dv]``, the others ``[b, hq, sq]``.
+    """The compiled forward kernel.
 
-    ``lo``/``hi`` ``[b, sq]`` int32 are each query row's inclusive key-row range; ``sink`` is
-    ``[hq]`` float32 or ``None`` (vanilla softmax).
+    Args:
+        q: ``[b, sq, hq, d]``.
+        k: ``[b, skv, hkv, d]``.
+        v: ``[b, skv, hkv, dv]``.
+        lo: ``[b, sq]`` int32: each query row's first key row.
+        hi: ``[b, sq]`` int32: its last key row (inclusive; ``lo > hi`` sees nothing).
+        sink: ``[hq]`` float32 sink logits, or ``None`` (vanilla softmax).
+        scale: The softmax scale.
+
+    Returns:
+        ``(out, lse, max_logit)`` in float32: ``out [b, sq, hq, dv]``, the others
+        ``[b, hq, sq]``.
     """
     _check_shapes(q, k, v, lo, hi)
     b, sq, hq, _ = q.shape
@@ -256,7 +287,23 @@ def attention_fwd(q, k, v, lo, hi, sink, *, scale: float):
 
 
 def attention_bwd(q, k, v, lo, hi, out, lse, dout, sink, *, scale: float):
-    """``(dq, dk, dv, dsink)`` in float32 from the forward's ``out`` and ``lse`` ``[b, hq, sq]``."""
+    """The compiled backward kernel.
+
+    Args:
+        q: As for :func:`attention_fwd`.
+        k: As for :func:`attention_fwd`.
+        v: As for :func:`attention_fwd`.
+        lo: As for :func:`attention_fwd`.
+        hi: As for :func:`attention_fwd`.
+        out: The forward's output.
+        lse: The forward's log-sum-exp ``[b, hq, sq]``.
+        dout: The output's cotangent.
+        sink: As for :func:`attention_fwd`.
+        scale: The softmax scale.
+
+    Returns:
+        ``(dq, dk, dv, dsink)`` in float32.
+    """
     _check_shapes(q, k, v, lo, hi)
     hq = q.shape[2]
     use_sink = sink is not None
