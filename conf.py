@@ -19,7 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 SRC = ROOT / "src"
-PACKAGE = SRC / "tutorial_utils"
 
 # -- Environment shared with the notebook kernels ---------------------------------------------
 # Kernels are started by the Sphinx process and inherit its environment, so what we set here
@@ -39,6 +38,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
         if p
     )
 )
+import api_pages  # noqa: E402  (devtools/: the API pages, from what a reader copies)
 import docs_execute  # noqa: E402  (devtools/: runs the notebooks side by side, then reports)
 
 from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
@@ -85,6 +85,7 @@ root_doc = "index"  # index.md at the repository root -> _build/html/index.html
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",  # MathJax served from _static: formulas render offline
@@ -153,78 +154,16 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
 
-# The API page lists modules in this order; any other public module found in the package is
-# appended alphabetically, and a listed module that does not exist yet is simply skipped.
-API_MODULE_ORDER = [
-    # what a reader copies
-    "te.attention",
-    "te.sharding",
-    "reorder",
-    "validation",
-    "rules",
-    "inputs",
-    "reference",
-    "context_parallel",
-    "model",
-    "text_data",
-    "gpu",
-    # the tutorial's own tooling
-    "te_on_cpu",
-    "pages.runtime",
-    "perfmodel.workload",
-    "perfmodel.timing",
-    "perfmodel.records",
-    "perfmodel.workcount",
-    "perfmodel.comm",
-    "perfmodel.hardware",
-    "perfmodel.costmodel",
-    "cli.plan",
-    "cli.bench",
-    "cli.check",
-    "cli.launch",
-]
-API_MARKER = "<!-- api-modules -->"
-
-
-def _module_name(path: Path) -> str | None:
-    rel = path.relative_to(PACKAGE).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    if not parts or parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
-        return None
-    return ".".join(parts)
-
-
-def api_modules() -> list[str]:
-    """Public modules of ``tutorial_utils`` present on disk, in reading order.
-
-    A sub-package such as ``te/`` contributes its sub-modules, not its ``__init__``
-    (whose re-exports would duplicate the sub-modules' descriptions).
-    """
-    found = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = _module_name(path)
-        if name is None:
-            continue
-        if path.name == "__init__.py":
-            continue  # a sub-package: documented through its modules
-        found.add(name)
-    ordered = [m for m in API_MODULE_ORDER if m in found]
-    ordered += sorted(found - set(ordered))
-    return ordered
+# -- API pages ---------------------------------------------------------------------------------
+# docs/api.md documents what a reader copies (devtools/copy_sets.py's sets, derived from their
+# imports), after the sets' table; docs/contributing_api.md the rest of the package. Both module
+# lists are derived (devtools/api_pages.py), never kept by hand.
+autosummary_generate = False  # the reader's page's tables only: no generated stub pages
 
 
 def _api_source(app, docname, source):
-    """Expand the marker in docs/api.md into one automodule section per present module."""
-    if docname != "docs/api" or API_MARKER not in source[0]:
-        return
-    sections = []
-    for mod in api_modules():
-        full = f"tutorial_utils.{mod}"
-        # autodoc emits reStructuredText, so the directive must run inside eval-rst.
-        sections.append(f"## `{full}`\n\n```{{eval-rst}}\n.. automodule:: {full}\n```\n")
-    source[0] = source[0].replace(API_MARKER, "\n".join(sections))
+    """Expand an API page's markers: the copy sets' table, and one section per module."""
+    source[0] = api_pages.expand(docname, source[0])
 
 
 def _run_status_box(app, docname, source):
@@ -241,9 +180,10 @@ def _run_status_box(app, docname, source):
 def _fingerprints() -> dict:
     """What each generated page depends on beyond its own source file.
 
-    autodoc already re-reads the API page when a documented module changes; this adds the
-    set of modules (a new module must appear), and for the benchmarks page every record in
-    results/ (a force-executed notebook: re-reading it re-runs it).
+    autodoc already re-reads an API page when a documented module changes; this adds each API
+    page's set of modules (a new module must appear) and the copy sets' table (an import
+    changes it), and for the benchmarks page every record in results/ (a force-executed
+    notebook: re-reading it re-runs it).
     """
     records = sorted(
         (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in (ROOT / "results").glob("*.json")
@@ -254,7 +194,11 @@ def _fingerprints() -> dict:
         p.relative_to(ROOT).with_suffix("").as_posix(): gpu
         for p in (ROOT / "notebooks").glob("*.md")
     }
-    return {"docs/api": api_modules(), "docs/benchmarks": records, "index": gpu, **pages}
+    api = {
+        api_pages.READER_PAGE: [api_pages.copied_modules(), api_pages.copy_sets.markdown_table()],
+        api_pages.CONTRIBUTOR_PAGE: api_pages.tooling_modules(),
+    }
+    return {**api, "docs/benchmarks": records, "index": gpu, **pages}
 
 
 def _env_get_outdated(app, env, added, changed, removed):
@@ -289,9 +233,11 @@ def _te_docstring(app, what, name, obj, options, lines):
     """Names the facade hands over to TransformerEngine are documented by TE, not here."""
     module = getattr(obj, "__module__", "") or ""
     if module.startswith("transformer_engine"):
+        # the module apart from the name: one long dotted literal would widen the API page's tables
         lines[:] = [
-            f"TransformerEngine's own ``{module}.{getattr(obj, '__qualname__', name)}``; see TE's "
-            "documentation. (It is TE's code, here running with the backend named on each page.)"
+            f"TransformerEngine's own ``{getattr(obj, '__qualname__', name)}``, from ``{module}``; "
+            "see TE's documentation. (It is TE's code, here running with the backend named on each "
+            "page.)"
         ]
 
 

@@ -59,10 +59,14 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import calibrate
-import docs_execute
-import pytest
-from site_pages import chapters
+if __name__ == "__main__":  # run as a script: the paths conftest.py gives a test run
+    _ROOT = Path(__file__).resolve().parents[2]
+    sys.path[:0] = [str(_ROOT / "tests"), str(_ROOT / "devtools")]
+
+import calibrate  # noqa: E402
+import docs_execute  # noqa: E402
+import pytest  # noqa: E402
+from site_pages import chapters, toctree_entries  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -936,7 +940,11 @@ def path_problems(pages: dict) -> dict:
 
 
 def word_problems(pages: dict) -> dict:
-    found = {rel: contributor_words(_shown_text(res)) for rel, res in pages.items()}
+    """Contributor words on the reader's pages (the "For contributors" pages may use them)."""
+    theirs = {f"{doc}.html" for doc in toctree_entries("For contributors")}
+    found = {
+        rel: contributor_words(_shown_text(res)) for rel, res in pages.items() if rel not in theirs
+    }
     return {rel: items for rel, items in found.items() if items}
 
 
@@ -1038,6 +1046,66 @@ def test_no_output_or_table_is_wider_than_its_box_at_1280px(crawl):
     )
 
 
+# Word budgets, counted as a reader first sees each page (hidden cells closed): the article's
+# text, prose, code and outputs alike. The chapters together and each alone; the other pages
+# together (the API page is measured by its height instead).
+CHAPTER_WORDS, CHAPTERS_WORDS, OTHER_WORDS, API_HEIGHT_PX = 2500, 18000, 20000, 25000
+
+
+def word_counts(pages: dict) -> dict:
+    """Per page, the words a reader sees before opening any hidden cell."""
+    return {rel: len(res.text.split()) for rel, res in pages.items()}
+
+
+def word_budget_problems(pages: dict) -> list:
+    """What breaks the word budgets above, each naming the pages and their counts."""
+    words = word_counts(pages)
+    chapters = {rel: n for rel, n in words.items() if rel.startswith("notebooks/")}
+    others = {rel: n for rel, n in words.items() if rel not in chapters and rel != "docs/api.html"}
+    problems = [
+        f"{rel}: {n:,} words (a chapter's budget is {CHAPTER_WORDS:,})"
+        for rel, n in chapters.items()
+        if n > CHAPTER_WORDS
+    ]
+    if sum(chapters.values()) > CHAPTERS_WORDS:
+        problems.append(
+            f"the chapters: {sum(chapters.values()):,} words (budget {CHAPTERS_WORDS:,})"
+        )
+    if sum(others.values()) > OTHER_WORDS:
+        largest = ", ".join(
+            f"{r} {n:,}" for r, n in sorted(others.items(), key=lambda x: -x[1])[:4]
+        )
+        problems.append(
+            f"the other pages: {sum(others.values()):,} words (budget {OTHER_WORDS:,});"
+            f" the largest: {largest}"
+        )
+    api = pages.get("docs/api.html")
+    if api is not None and api.height > API_HEIGHT_PX:
+        problems.append(
+            f"docs/api.html: {api.height:,} px tall at 1280 px (budget {API_HEIGHT_PX:,})"
+        )
+    return problems
+
+
+def test_pages_stay_within_their_word_budgets(crawl):
+    problems = word_budget_problems(crawl.pages)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_word_budget_fails_a_chapter_over_it():
+    """The budget check can fail: one chapter of 2,501 words and a long API page are flagged."""
+    fake = {
+        "notebooks/01_x.html": PageResult("notebooks/01_x.html", text="word " * 2501),
+        "docs/api.html": PageResult("docs/api.html", text="api", height=API_HEIGHT_PX + 1),
+        "index.html": PageResult("index.html", text="short page"),
+    }
+    problems = word_budget_problems(fake)
+    assert len(problems) == 2 and "2,501 words" in problems[0] and "px tall" in problems[1]
+    fake["notebooks/01_x.html"].text = "word " * 2500
+    fake["docs/api.html"].height = API_HEIGHT_PX
+    assert word_budget_problems(fake) == []
+
+
 def main(argv: list[str]) -> int:
     """``python tests/site/test_site.py [HTML_DIR]``: the reader-facing checks above on a site
     already built (default ``_build_test/html``), without building it again, and each page's
@@ -1053,6 +1121,11 @@ def main(argv: list[str]) -> int:
         ("outputs and tables wider than their box", wide_boxes(pages, _output_or_table), True),
         ("numbers split over two lines in tables", number_problems(pages), True),
         ("MyST markup shown as text", markup_problems(pages), True),
+        (
+            "word budgets",
+            {"": word_budget_problems(pages)} if word_budget_problems(pages) else {},
+            True,
+        ),
     ]
     failed = False
     for name, problems, counts in checks:
@@ -1060,9 +1133,10 @@ def main(argv: list[str]) -> int:
         if problems:
             print(_format(problems))
         failed |= counts and bool(problems)
-    print("== page heights at 1280 px (hidden cells closed):")
+    print("== page heights at 1280 px and words (hidden cells closed):")
+    words = word_counts(pages)
     for rel, res in pages.items():
-        print(f"  {res.height:7,d}  {rel}")
+        print(f"  {res.height:7,d} px {words[rel]:6,d} words  {rel}")
     return 1 if failed else 0
 
 
