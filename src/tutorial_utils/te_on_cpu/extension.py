@@ -169,6 +169,14 @@ _THD_LAYOUTS = {
 
 
 def nvte_get_qkv_format(qkv_layout) -> NVTE_QKV_Format:
+    """The tensor format of a layout, as TE's binding answers it.
+
+    Args:
+        qkv_layout: An ``NVTE_QKV_Layout`` (or its int value).
+
+    Returns:
+        ``NVTE_THD``, ``NVTE_BSHD`` or ``NVTE_QKV_Format_NOT_SET``.
+    """
     layout = NVTE_QKV_Layout(int(qkv_layout))
     if layout in _THD_LAYOUTS:
         return NVTE_QKV_Format.NVTE_THD
@@ -180,8 +188,14 @@ def nvte_get_qkv_format(qkv_layout) -> NVTE_QKV_Format:
 def unsupported_reason(params) -> str:
     """Why the CPU kernel cannot compute this configuration ('' when it can).
 
-    ``params`` is TE's ``FusedAttnParams``. Each reason names the parameter and the fix,
-    because TE shows it to the user as ``Unsupported backend: <reason>``.
+    Each reason names the parameter and the fix, because TE shows it to the user as
+    ``Unsupported backend: <reason>``.
+
+    Args:
+        params: TE's ``FusedAttnParams``.
+
+    Returns:
+        The first reason, or ``""``.
     """
     dtype = DType(int(params.qkv_dtype))
     why = rules.reason(rules.check_te_dtype, dtype, allow_fp32=_state["allow_fp32"])
@@ -252,6 +266,14 @@ def _cast_like_te(params) -> None:
 
 
 def get_fused_attn_backend(params):
+    """TE's backend query: the CPU kernel, or no backend with the reason.
+
+    Args:
+        params: TE's ``FusedAttnParams``.
+
+    Returns:
+        ``(NVTE_F16_arbitrary_seqlen, "")``, or ``(NVTE_No_Backend, reason)``.
+    """
     _cast_like_te(params)
     reason = unsupported_reason(params)
     if reason:
@@ -265,40 +287,96 @@ def _workspace(*_args):
 
 
 def get_fused_attn_fwd_workspace_sizes(*args):
+    """The forward's workspace: one byte (the CPU kernel uses none).
+
+    Args:
+        *args: TE's arguments, unused.
+
+    Returns:
+        ``((1,), DType.kByte)``.
+    """
     return _workspace(*args)
 
 
 def get_fused_attn_bwd_workspace_sizes(*args):
+    """The backward's workspace: one byte (the CPU kernel uses none).
+
+    Args:
+        *args: TE's arguments, unused.
+
+    Returns:
+        ``((1,), DType.kByte)``.
+    """
     return _workspace(*args)
 
 
 def get_device_compute_capability(gpu_id: int = 0) -> int:
+    """The compute capability whose layouts TE should pick.
+
+    Args:
+        gpu_id: Unused.
+
+    Returns:
+        :data:`COMPUTE_CAPABILITY` (90).
+    """
     return COMPUTE_CAPABILITY
 
 
 def get_cudnn_version() -> int:
+    """The cuDNN version whose contract the kernel follows, as TE's binding encodes it.
+
+    Returns:
+        ``major * 10000 + minor * 100 + patch`` of :data:`CUDNN_CONTRACT`.
+    """
     major, minor, patch = CUDNN_CONTRACT
     return major * 10000 + minor * 100 + patch
 
 
 def registrations() -> dict:
-    """No CUDA FFI handlers: the CPU lowerings are registered by :func:`install`."""
+    """No CUDA FFI handlers: the CPU lowerings are registered by :func:`install`.
+
+    Returns:
+        ``{}``.
+    """
     return {}
 
 
 def get_num_compute_streams() -> int:
+    """One compute stream.
+
+    Returns:
+        1.
+    """
     return 1  # one host thread issues the CPU kernels
 
 
 def nvte_built_with_cublasmp() -> bool:
+    """No cuBLASMp.
+
+    Returns:
+        False.
+    """
     return False
 
 
 def is_collective_gemm_with_cublasmp() -> bool:
+    """No collective GEMM with cuBLASMp.
+
+    Returns:
+        False.
+    """
     return False
 
 
 def get_grouped_gemm_setup_workspace_size(num_groups):
+    """Refused: there is no cuBLAS.
+
+    Args:
+        num_groups: Unused.
+
+    Raises:
+        RuntimeError: Always; TE's import then turns its grouped-GEMM path off.
+    """
     # TE probes this at import; an error mentioning cuBLAS makes it disable that GEMM path.
     raise RuntimeError(
         "transformer_engine_jax.get_grouped_gemm_setup_workspace_size: no cuBLAS in the CPU"

@@ -42,8 +42,11 @@ from .extension import (
 
 
 def _segment_offsets(offsets, n, num_tokens):
-    """The first ``n`` segment offsets. TE may pass fewer than it declares (the AllGather striped
-    path); the missing ones start past the last token, so they cover nothing."""
+    """The first ``n`` segment offsets.
+
+    TE may pass fewer than it declares (the AllGather striped path); the missing ones start
+    past the last token, so they cover nothing.
+    """
     offs = offsets.reshape(-1).astype(jnp.int32)
     return jnp.pad(offs, (0, max(0, n - offs.shape[0])), constant_values=num_tokens)[:n]
 
@@ -158,8 +161,7 @@ def _as_tokens(x, ragged):
 
 
 class _Problem:
-    """What both kernels read from TE's arguments: layout, unpacked q/k/v, key ranges, softmax,
-    bias."""
+    """What both kernels read from TE's arguments: layout, q/k/v, key ranges, softmax, bias."""
 
     def __init__(self, config, q, k, v, bias, softmax_offset, q_cu, kv_cu, q_off, k_off):
         self.layout = NVTE_QKV_Layout(int(config.qkv_layout.value))
@@ -332,15 +334,27 @@ def _env(name, value):
 
 
 def installed() -> bool:
+    """Whether :func:`install` has run in this process.
+
+    Returns:
+        True once it has.
+    """
     return _state["installed"]
 
 
 def install():
     """Import ``transformer_engine.jax`` with the stand-in extension and CPU kernels; return it.
 
-    Idempotent. Raises ``RuntimeError`` if the real extension was already imported (then
-    there is nothing to stand in for) and ``ImportError`` naming the package if the pure
-    Python ``transformer-engine`` wheel is missing.
+    Idempotent.
+
+    Returns:
+        The ``transformer_engine.jax`` module.
+
+    Raises:
+        RuntimeError: If the real extension was already imported (then there is nothing to
+            stand in for).
+        ImportError: Naming the package, if the pure-Python ``transformer-engine`` wheel is
+            missing.
     """
     if _state["installed"]:
         return sys.modules["transformer_engine.jax"]
@@ -395,6 +409,12 @@ def allow_fp32(enabled: bool = True):
 
     Backend selection happens at trace time, so call (and jit-compile) the function inside
     this context.
+
+    Args:
+        enabled: Accept float32 inside the block.
+
+    Yields:
+        Nothing; the setting holds inside the ``with`` block.
     """
     old = _state["allow_fp32"]
     _state["allow_fp32"] = bool(enabled)

@@ -25,13 +25,14 @@ OTHER_FRAMEWORKS = (
 
 
 class _OtherFrameworkError(ModuleNotFoundError):
-    """Raised for ``import torch`` & co. under the runner (an ImportError, so optional imports still
-    fall back)."""
+    """Raised for ``import torch`` & co. under the runner.
+
+    An ImportError, so optional imports still fall back.
+    """
 
 
 def _probing() -> bool:
-    """Whether the import system was asked by ``importlib.util.find_spec`` (is it installed?), not
-    by an import.
+    """Whether ``importlib.util.find_spec`` (is it installed?) asks, rather than an import.
 
     Libraries probe for optional frameworks that way (etils, behind JAX's persistent compilation
     cache, asks for TensorFlow); a probe must read "not installed", not fail.
@@ -52,8 +53,7 @@ def _probing() -> bool:
 
 
 class _RefuseOtherFrameworks:
-    """A meta-path finder that refuses the frameworks the runner does not run, with a message naming
-    the fix."""
+    """A meta-path finder that refuses the frameworks the runner does not run, naming the fix."""
 
     def find_spec(self, name, path=None, target=None):
         if any(name == f or name.startswith(f + ".") for f in OTHER_FRAMEWORKS) and not _probing():
@@ -101,6 +101,9 @@ def simulate_cpu_devices(n: int) -> None:
     Why both the environment and the config: a process JAX has not imported yet reads
     ``XLA_FLAGS``/``JAX_PLATFORMS`` (and passes them to processes it starts); one that has
     imported it (this package imports JAX) reads the config.
+
+    Args:
+        n: The number of CPU devices.
     """
     flags = [
         f
@@ -118,8 +121,13 @@ def main(argv=None) -> int:
 
     Sets the CPU platform and device count before JAX starts a backend, installs the stand-in,
     prints a three-line banner (the script; TE's version and the device count; what runs in
-    place of cuDNN), then runs the script with ``runpy`` as ``__main__``. The script's
-    exit status is the runner's.
+    place of cuDNN), then runs the script with ``runpy`` as ``__main__``.
+
+    Args:
+        argv: The command line after the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        The script's exit status (2 if it imports a framework the runner refuses).
     """
     ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
     simulate_cpu_devices(ns.devices)
