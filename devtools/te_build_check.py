@@ -1,12 +1,14 @@
 """TE 2.20.2's real build, cut to what fits a CI run: configure, every include, one compile.
 
-A development tool. ``make gpu-rehearse`` builds the whole extension wheel (about two
-minutes of compiling on 16 C++ files); this does the part that decides whether a build can
-work at all, in seconds, so that the test suite can hold it:
+A development tool. ``make gpu-rehearse`` builds the whole extension wheel (19 C++ files:
+about 1.5 minutes on the node's 16 cores, bounded by ``attention.cpp``, about 5 on 2 cores);
+this does the part that decides whether a build can work at all, in seconds, so that the test
+suite can hold it:
 
-* a folder laid out as ``pip install jax[cuda13]`` lays out site-packages (pip's ``nvcc``,
-  the CUDA, cuBLAS, cuDNN and NCCL headers, JAX's CUDA plugin), filled from PyPI with HTTP
-  range requests: only the members needed, each checked against its wheel's ``RECORD``;
+* a folder laid out as the node's site-packages (:data:`NODE_PARTS`: CUDA 13.0's ``nvcc`` and
+  headers, cuBLAS, cuDNN and NCCL at the versions the node's torch 2.11.0 pins, JAX's CUDA
+  plugin), filled from PyPI with HTTP range requests: only the members needed, each checked
+  against its wheel's ``RECORD``;
 * TE's sdist unpacked, and its own ``setup.py`` run (``build_ext``) with that folder on the
   Python path; every C++ file preprocessed (each ``#include`` found) and one compiled;
   linking is skipped;
@@ -25,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -48,18 +51,20 @@ def _pins() -> dict[str, str]:
     return {r.name: r.version for r in G.bundle_requirements(13)}
 
 
-#: ``(project, version, members)``: what ``jax[cuda13]`` puts in site-packages that TE's build
-#: reads. ``None`` takes the whole wheel; a tuple takes the members under those prefixes (and
-#: the ``.dist-info``, so that ``importlib.metadata`` finds the project, as TE's build asks it).
+#: ``(project, version, members)``: what the node's site-packages holds that TE's build reads,
+#: at the node image's versions (``devtools/gpu_node.py``'s ``NODE_IMAGE``: CUDA 13.0 as torch
+#: 2.11.0's ``cuda-toolkit==13.0.2`` pins it, cuBLAS 13.1, cuDNN 9.19, NCCL 2.28.9). ``None``
+#: takes the whole wheel; a tuple takes the members under those prefixes (and the
+#: ``.dist-info``, so that ``importlib.metadata`` finds the project, as TE's build asks it).
 NODE_PARTS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
-    ("nvidia-cuda-nvcc", "13.5.37", ("nvidia/cu13/bin/nvcc",)),
-    ("nvidia-cuda-runtime", "13.5.37", None),
-    ("nvidia-cuda-crt", "13.5.37", None),
-    ("nvidia-cuda-cccl", "13.3.5.0.6", None),
-    ("nvidia-cuda-nvrtc", "13.5.37", ("nvidia/cu13/include/",)),
-    ("nvidia-cublas", "13.10.0.20", ("nvidia/cu13/include/",)),
-    ("nvidia-cudnn-cu13", "9.28.1.4", ("nvidia/cudnn/include/",)),
-    ("nvidia-nccl-cu13", "2.32.3", ("nvidia/nccl/include/",)),
+    ("nvidia-cuda-nvcc", "13.0.88", ("nvidia/cu13/bin/nvcc",)),
+    ("nvidia-cuda-runtime", "13.0.96", None),
+    ("nvidia-cuda-crt", "13.0.88", None),
+    ("nvidia-cuda-cccl", "13.0.85", None),
+    ("nvidia-cuda-nvrtc", "13.0.88", ("nvidia/cu13/include/",)),
+    ("nvidia-cublas", "13.1.0.3", ("nvidia/cu13/include/",)),
+    ("nvidia-cudnn-cu13", "9.19.0.56", ("nvidia/cudnn/include/",)),
+    ("nvidia-nccl-cu13", "2.28.9", ("nvidia/nccl/include/",)),
 )
 #: What the GPU run installs into its build environment (``use="build"`` in ``gpu_setup``).
 BUILD_PARTS = tuple(r.name for r in G.bundle_requirements(13) if r.use == "build")
@@ -211,11 +216,14 @@ def prepare(cache: Path = CACHE) -> dict:
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}-jaxlib{jaxlib.__version__}"
     root = Path(cache) / tag
     stamp = root / "prepared.json"
+    parts = list(NODE_PARTS) + [("jax-cuda13-plugin", jaxlib.__version__, None)]
     if stamp.is_file():
-        return json.loads(stamp.read_text())
+        info = json.loads(stamp.read_text())
+        if [list(p[:2]) for p in parts] == info["node"]:
+            return info
+        shutil.rmtree(root / "node", ignore_errors=True)  # other versions: fetch them again
     start, fetched, pins = time.perf_counter(), 0, _pins()
     node = root / "node"
-    parts = list(NODE_PARTS) + [("jax-cuda13-plugin", jaxlib.__version__, None)]
     for project, version, prefixes in parts:
         fetched += fetch_members(project, version, prefixes, node)
     for project in BUILD_PARTS:
@@ -316,8 +324,6 @@ def configure_and_compile(
     has TE's version, the include folders, the files preprocessed and compiled, and how many
     compiled at once. With ``version_only``, it stops after the version.
     """
-    import shutil
-
     root, work = Path(root).resolve(), Path(work).resolve()
     src = work / f"transformer_engine_jax-{G.TE_VERSION}"
     shutil.rmtree(src, ignore_errors=True)

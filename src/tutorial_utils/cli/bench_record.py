@@ -9,13 +9,16 @@ The record itself is made and written by :mod:`tutorial_utils.perfmodel.timing` 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as _dt
 import re
+import sys
 
 import jax
 
 from tutorial_utils.cli.bench_cases import window_tuple
 from tutorial_utils.cli.bench_emulation import REFERENCE_KERNEL_XLA_OPTIONS
+from tutorial_utils.cli.gpu_cuda import decode_cudnn_version, loaded_path
 
 try:  # private; moved between JAX versions
     from jax._src.lib import cuda_versions
@@ -32,13 +35,49 @@ __all__ = [
 ]
 
 
+def _loaded_cudnn() -> tuple[tuple[int, int, int] | None, str | None]:
+    """The cuDNN this process has loaded: ``cudnnGetVersion`` of real TE's extension (the
+    library TE calls), else of the ``libcudnn.so`` in the process's maps, through ctypes."""
+    ext = sys.modules.get("transformer_engine_jax")
+    if ext is not None and hasattr(ext, "get_cudnn_version"):
+        try:
+            return decode_cudnn_version(int(ext.get_cudnn_version())), "transformer_engine_jax"
+        except Exception:  # noqa: BLE001 - the CPU stand-in raises
+            pass
+    path = loaded_path("libcudnn.so.9") or loaded_path("libcudnn.so.8")
+    if path is None:
+        return None, None
+    try:
+        fn = ctypes.CDLL(path).cudnnGetVersion
+    except (OSError, AttributeError):
+        return None, None
+    fn.restype = ctypes.c_size_t
+    return decode_cudnn_version(int(fn())), path
+
+
+def _compiled_frontend() -> tuple[int, int, int] | None:
+    """The cudnn-frontend TE's extension was compiled with (its ``CUDNN_FRONTEND_VERSION``, which
+    ``get_cudnn_frontend_version`` returns: 13200 for 1.32.0)."""
+    ext = sys.modules.get("transformer_engine_jax")
+    try:
+        v = int(ext.get_cudnn_frontend_version())
+    except Exception:  # noqa: BLE001 - no real TE, or the CPU stand-in
+        return None
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
 def gpu_versions() -> dict:
-    """cuDNN / CUDA versions as JAX's CUDA plugin reports them, plus compute capability (empty off
-    GPU).
+    """cuDNN / CUDA versions as JAX's CUDA plugin reports them, plus compute capability, and the
+    cuDNN and cudnn-frontend that TE runs with (empty off GPU).
+
+    ``cudnn`` is the loaded library's ``cudnnGetVersion`` (not a package's metadata: a system
+    cuDNN may be the one loaded), ``cudnn_frontend`` the version compiled into TE's extension
+    (the pip package is only a build dependency); each with its source.
 
     Returns:
         ``compute_capability``, ``cudnn_version``, ``cuda_runtime_version`` and
-        ``cuda_driver_version``, those that JAX knows.
+        ``cuda_driver_version``, those that JAX knows; ``cudnn`` and ``cudnn_frontend`` with
+        ``cudnn_source`` and ``cudnn_frontend_source`` when found.
     """
     out = {}
     try:
@@ -58,6 +97,13 @@ def gpu_versions() -> dict:
                             out[key] = getattr(cuda_versions, fn)()
             except Exception:  # noqa: BLE001 - best effort
                 pass
+            cudnn, source = _loaded_cudnn()
+            if cudnn is not None:
+                out["cudnn"], out["cudnn_source"] = ".".join(map(str, cudnn)), source
+            frontend = _compiled_frontend()
+            if frontend is not None:
+                out["cudnn_frontend"] = ".".join(map(str, frontend))
+                out["cudnn_frontend_source"] = "transformer_engine_jax (compiled in)"
     except Exception:  # noqa: BLE001
         pass
     return out

@@ -132,7 +132,9 @@ def _emulated_row(case, per_rank, first_ms, comm, pred, link_gbps) -> dict:
 def run_cases(args: argparse.Namespace, parser: argparse.ArgumentParser, plan: BenchCases) -> dict:
     """Time ``plan``'s cases (single device first), then write one record.
 
-    One failing case is recorded in ``failures`` and does not stop the others.
+    One failing case is recorded in ``failures`` and does not stop the others. The record is
+    rewritten after each case (marked ``incomplete`` until the last), so that a run killed at
+    its time limit keeps the rows that finished.
 
     Args:
         args: The parsed flags.
@@ -183,7 +185,56 @@ def run_cases(args: argparse.Namespace, parser: argparse.ArgumentParser, plan: B
     if not any(c.strategy == "single" for c in cases):
         ordered = cases
     t_start = time.perf_counter()
-    for case in ordered:
+    versions, written = gpu_versions(), False
+    source = source_for(platform, te.backend_kind(), emulated=bool(emulate))
+    label = record_label(args, preset, cp, device_kind, emulate)
+    config = record_config(
+        args,
+        wl,
+        preset=preset,
+        windows=plan.windows,
+        stripes=plan.stripes,
+        kernel=row_kernel,
+        link_gbps=link_gbps,
+        link_source=link_source,
+    )
+    name = args.name if args.name is not None else record_file_name(source, label)
+
+    def write(done: int):
+        """Write the record of the rows so far; until every case has run, marked incomplete (so
+        that a run killed at its time limit keeps what finished)."""
+        notes = record_notes(
+            emulate=emulate,
+            cp=cp,
+            device_kind=device_kind,
+            kernel=kernel,
+            link_gbps=link_gbps,
+            platform=platform,
+            skipped=skipped,
+            failures=failures,
+        )
+        if done < len(ordered):
+            notes = (
+                f"incomplete: {done} of {len(ordered)} cases had run when this was written. "
+                + notes
+            ).strip()
+        record = make_record(
+            label, source, config, results, warmup=args.warmup, iters=args.iters, notes=notes
+        )
+        record["hardware"].update(versions)
+        record["hardware"]["te_backend"] = te.backend_name()
+        record["skipped"] = skipped
+        record["failures"] = failures
+        record["wall_seconds"] = time.perf_counter() - t_start
+        if done < len(ordered):
+            record["incomplete"] = {"cases_run": done, "cases": len(ordered)}
+        overwrite = args.force or written
+        return write_record(record, args.out, name=name, overwrite=overwrite), record
+
+    for done, case in enumerate(ordered):
+        if results:  # the cases so far, before the next one starts
+            write(done)
+            written = True
         progress.start(case.desc)
         pairs = visible_pairs(ids_np, pos_np, case.window)
         flops = attention_flops(pairs, wl.num_q_heads, wl.head_dim, backward=True)
@@ -243,36 +294,5 @@ def run_cases(args: argparse.Namespace, parser: argparse.ArgumentParser, plan: B
             )
         )
 
-    source = source_for(platform, te.backend_kind(), emulated=bool(emulate))
-    label = record_label(args, preset, cp, device_kind, emulate)
-    config = record_config(
-        args,
-        wl,
-        preset=preset,
-        windows=plan.windows,
-        stripes=plan.stripes,
-        kernel=row_kernel,
-        link_gbps=link_gbps,
-        link_source=link_source,
-    )
-    notes = record_notes(
-        emulate=emulate,
-        cp=cp,
-        device_kind=device_kind,
-        kernel=kernel,
-        link_gbps=link_gbps,
-        platform=platform,
-        skipped=skipped,
-        failures=failures,
-    )
-    record = make_record(
-        label, source, config, results, warmup=args.warmup, iters=args.iters, notes=notes
-    )
-    record["hardware"].update(gpu_versions())
-    record["hardware"]["te_backend"] = te.backend_name()
-    record["skipped"] = skipped
-    record["failures"] = failures
-    record["wall_seconds"] = time.perf_counter() - t_start
-    name = args.name if args.name is not None else record_file_name(source, label)
-    path = write_record(record, args.out, name=name, overwrite=args.force)
+    path, record = write(len(ordered))
     return {"path": path, "record": record}

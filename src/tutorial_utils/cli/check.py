@@ -223,18 +223,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(f"# {line}" for line in runtime.backend_line().splitlines()), flush=True)
     started = time.perf_counter()
     chosen = {"quick": args.quick, "te_plumbing": args.te_plumbing}
-    results = checks.run_checks(**chosen, only=args.only, echo=_echo)
+    options = {**chosen, "only": args.only, "devices": args.devices}
+    facts = checks.run_facts()
+    done: list[CheckResult] = []
+
+    def echo(line: str) -> None:
+        """Print a check's line and, with ``--out``, rewrite the report with the checks so far
+        (``"complete": false``), so that a run killed at its time limit keeps them."""
+        _echo(line)
+        if not args.out:
+            return
+        verdict, _, rest = line.partition(" ")
+        name, _, detail = rest.partition(": ")
+        done.append(CheckResult(name, verdict, detail))
+        partial = check_report.build_report(done, options=options, facts=facts, started=started)
+        check_report.finish_report({**partial, "ok": False, "complete": False}, args.out)
+
+    results = checks.run_checks(**chosen, only=args.only, echo=echo)
     if args.only is not None and not results:
         names = [r.name for r in checks.run_checks(**chosen, list_only=True)]
         parser.error(
             f"argument --only: {args.only!r} matches no check; names are: {', '.join(names)}"
         )
-    report = check_report.build_report(
-        results,
-        options={**chosen, "only": args.only, "devices": args.devices},
-        facts=checks.run_facts(),
-        started=started,
-    )
+    report = check_report.build_report(results, options=options, facts=facts, started=started)
     print(check_report.finish_report(report, args.out), flush=True)
     return 0 if report["ok"] else 1
 
