@@ -96,6 +96,23 @@ def test_the_bundle_never_mixes_in_stale_files(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bundling_again_keeps_a_wheel_brought_back(tmp_path):
+    """``--clean`` empties the bundle but keeps ``built/``: the build step uses the wheel only
+    if its ``built.json`` names the same sdist."""
+    d = tmp_path / "gpu-bundle"
+    (d / G.BUILT).mkdir(parents=True)
+    (d / G.BUILT / "built.json").write_text("{}")
+    (d / G.MANIFEST).write_text("{}")
+    (d / "base").mkdir()
+    (d / "base" / "old.whl").write_text("stale")
+    gpu_bundle._prepare_folder(d, clean=True)
+    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == [
+        "built",
+        "built/built.json",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu-bundle"]
+
+
 def test_bundle_dry_run_lists_every_file_for_the_target():
     text = [" ".join(c) for c in G.bundle(Path("b"), 13, "3.12", dry_run=True)]
     assert any(

@@ -298,3 +298,16 @@ def test_the_detached_build_outlives_its_call_and_is_waited_for(cut_bundle):
         in (d / C.DETACHED / "gpu-run" / "build.log").read_text()
     )
     assert C._build_line(status).startswith("build: rc=1 after")
+
+
+def test_call_1_starts_no_build_when_the_preflight_fails_and_replies_briefly(
+    cut_bundle, tmp_path, capsys
+):
+    """On this CPU machine the preflight fails (no cuDNN, a bundle for Python 3.12): call 1 says
+    so in a few lines, keeps the whole log under OUT, and leaves no build running."""
+    summary = C.run_call(cut_bundle, tmp_path / "out", 1)
+    assert summary["ok"] is False and summary["steps"][0]["name"] == "preflight"
+    assert C.build_status(cut_bundle) == {"rc": None}
+    assert "preflight failed" in (tmp_path / "out" / "gpu-run" / "call1.log").read_text()
+    reply = capsys.readouterr().out
+    assert len(reply) <= C.REPLY_TAIL + 1000 and "!! preflight failed" in reply

@@ -304,7 +304,14 @@ def _prepare_folder(directory: Path, clean: bool) -> None:
                 f"{directory} holds no {MANIFEST}: --clean empties only a bundle's folder; choose"
                 " another."
             )
+        kept = directory.parent / f".{directory.name}-{BUILT}"
+        shutil.rmtree(kept, ignore_errors=True)
+        if (directory / BUILT).is_dir():  # a wheel brought back: the build keeps it only if it
+            (directory / BUILT).rename(kept)  # was built from the same sdist (built.json)
         shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        if kept.is_dir():
+            kept.rename(directory / BUILT)
     directory.mkdir(parents=True, exist_ok=True)
 
 
