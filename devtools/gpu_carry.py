@@ -327,18 +327,30 @@ def milestones(plan: Sequence[dict]) -> dict[str, float]:
 
 
 def retry_seconds(plan: Sequence[dict]) -> dict:
-    """What retrying the longest step once adds: the build (the longest) is restarted by the next
-    call and overlaps the later calls; it adds only what it would make the last call wait."""
+    """What retrying the longest step once adds to the plan.
+
+    The longest is the build, started detached at the end of call 1; the first later call that
+    finds it failed restarts it, and only what the restart makes the last call wait counts.
+    ``extra_s`` is for a failure found by call 2 (a crash); ``after_timeout_s`` for a build
+    killed at its limit, found by the first call after that.
+    """
     longest = max(G.STEP_SECONDS, key=G.STEP_SECONDS.get)
     if longest != "build" or len(plan) < 3:
         extra = G.STEP_SECONDS[longest] + GAP_S + TRANSFER_FIXED_S  # one more call
-        return {"step": longest, "extra_s": extra}
-    # restarted at call 2's start: after one gap and call 2's transfer
-    restart = GAP_S + plan[1]["transfer_s"]
-    between = sum(GAP_S + i["transfer_s"] + i["seconds"] for i in plan[1:-1]) + GAP_S
-    between += plan[-1]["transfer_s"] + G.STEP_SECONDS["verify"]
-    extra = max(0.0, restart + G.STEP_SECONDS["build"] - between - plan[-1].get("build_wait_s", 0))
-    return {"step": "build", "extra_s": round(extra, 1)}
+        return {"step": longest, "extra_s": extra, "after_timeout_s": extra}
+    limit, t, polls = G.STEP_SECONDS["build"], 0.0, []
+    for item in plan[1:-1]:  # seconds after call 1's reply at which each middle call polls
+        t += GAP_S + item["transfer_s"] + G.STEP_SECONDS["verify"]
+        polls.append(t)
+        t += item["seconds"] - G.STEP_SECONDS["verify"]
+    needed = t + GAP_S + plan[-1]["transfer_s"] + G.STEP_SECONDS["verify"]
+    base_wait = plan[-1].get("build_wait_s", 0)
+
+    def extra(failed_at: float) -> float:
+        restart = next((p for p in polls if p >= failed_at), needed)  # the last call restarts last
+        return round(max(0.0, restart + limit - needed - base_wait), 1)
+
+    return {"step": "build", "extra_s": extra(0.0), "after_timeout_s": extra(limit)}
 
 
 def print_plan(
@@ -381,7 +393,7 @@ def print_plan(
         f" {sum(i['transfer_s'] for i in plan):.0f} s of transfers + {len(plan) - 1} gaps x"
         f" {GAP_S} s = {gaps} s -> {total:.0f} s; one retry of the longest step"
         f" ({retry['step']}) adds {retry['extra_s']:.0f} s -> {total + retry['extra_s']:.0f} s"
-        f" of {BUDGET_S} s"
+        f" of {BUDGET_S} s (after a timeout at its limit: +{retry['after_timeout_s']:.0f} s)"
     )
     print(
         "results in hand by (worst case): "
@@ -571,6 +583,10 @@ def run_call(
     print(f"put together and checked: {[p.name for p in joined]}", flush=True)
     status = wait_build(bundle_dir, limit)
     print(_build_line(status), flush=True)
+    if status["rc"] not in (0, "running", None) and status.get("attempt", 1) == 1:
+        print(f"build: restarted, pid {start_build(bundle_dir, python, limit, 2)['pid']}")
+        status = wait_build(bundle_dir, limit)
+        print(_build_line(status), flush=True)
     dest = out / "gpu-run"
     dest.mkdir(parents=True, exist_ok=True)
     log = bundle_dir / DETACHED / "gpu-run" / "build.log"

@@ -174,6 +174,8 @@ def test_the_time_plan_with_its_30_second_gaps_and_a_retry_fits_15_minutes_at_th
         assert all(item["seconds"] <= 540 for item in plan)  # one command may run 600 s
         retry = C.retry_seconds(plan)
         assert retry["step"] == "build"  # the longest step, restarted by call 2
+        # killed at its limit, it is found and restarted by call 4: the last call then waits
+        assert 0 < retry["after_timeout_s"] <= G.STEP_SECONDS["build"]
         total = C.plan_seconds(plan) + retry["extra_s"]
         milestones = C.milestones(plan)
         if not libraries:  # the node's image has cuRAND: everything, and a retry, in 15 minutes
