@@ -5,7 +5,10 @@
   once and reused), check_layout's verdict equals the runtime truth, i.e. whether TE's CP output
   (the tool's own run) matches a float64 NumPy oracle built from the segment ids and positions;
   both verdicts occur, so the test can fail either way;
-* the command line: text and ``--json`` output, exit status, the progress bar, the memory refusal.
+* several windows in one call share q/k/v and give the verdicts one call per window gives;
+  arrays that were already reordered are diagnosed (strategy, cp, stripe and the fix);
+* the command line: text and ``--json`` output, exit status, the progress bar, the memory refusal,
+  several windows (TE's L, ``none``, the model's W) with a summary, reordered input.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tutorial_utils.cli import check_layout as cl
+from tutorial_utils.reorder import ReorderStrategy, reorder_causal_load_balancing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = int(os.environ.get("CHECK_LAYOUT_EXAMPLES", "208"))
@@ -184,6 +188,52 @@ def test_memory_estimate_comes_before_allocation_and_refuses_past_the_limit():
     assert report.verdict == "ok" and 0 < report.memory_estimate_bytes < cl.default_memory_limit()
 
 
+# ----------------------------------------------------------------------------- several windows
+
+
+def test_several_windows_give_what_one_call_per_window_gives():
+    ids, pos = _slots(seq=32, slot=8, valid=6)
+    kwargs = dict(cp=4, strategy="allgather", stripe=2, max_segments=6)  # CONFIGS[0:2]: compiled
+    model = cl.Window(left=3, model=4, given=True)
+    reports = cl.check_windows(ids, pos, windows=[None, model], **kwargs)
+    assert [r.window_label() for r in reports] == [
+        "window=None (global)",
+        "window=(3, 0) (model window W=4)",
+    ]
+    assert [r.window for r in reports] == [None, (3, 0)] and reports[1].model_window == 4
+    for report, window in zip(reports, (None, 3)):
+        alone = cl.check(ids, pos, window=window, **kwargs)
+        assert report.verdict == alone.verdict == "ok"
+        for key in ("cp", "one_device", "reference"):
+            assert np.array_equal(report.outputs[key], alone.outputs[key]), key
+    assert "window=(3, 0) (model window W=4)," in reports[1].text()
+    assert reports[1].to_json()["model_window"] == 4
+
+
+def test_already_reordered_arrays_are_diagnosed():
+    ids, pos = _slots(seq=32, slot=8, valid=6)
+    striped = [
+        reorder_causal_load_balancing(x, ReorderStrategy.Striped, 4, 1, 2) for x in (ids, pos)
+    ]
+    report = cl.check(*striped, cp=4, strategy="allgather", stripe=2, max_segments=6)
+    assert report.verdict == "wrong" and report.looks_reordered[0] == {
+        "strategy": "Striped",
+        "cp": 4,
+        "stripe": 2,
+    }
+    assert report.fix.endswith(
+        "inverse_reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size=4, seq_dim=1,"
+        " stripe_size=2)."
+    )
+    text = " ".join(report.text().split())
+    assert "rule broken: segment_ids row 0: segment 1 is not contiguous" in text
+    assert "Split it" not in text and "split it" not in text
+    assert "looks reordered: undoing ReorderStrategy.Striped with cp_size=4, stripe_size=2" in text
+    assert "note: the one-device call is wrong too (the arrays as given are not a packed" in text
+    natural = cl.check(ids, pos, cp=4, strategy="allgather", stripe=2, max_segments=6)
+    assert natural.looks_reordered == [] and "looks reordered" not in natural.text()
+
+
 # ----------------------------------------------------------------------------- the command line
 
 
@@ -237,3 +287,38 @@ def test_command_line_text_json_progress_and_exit_status(tmp_path):
     assert "fix: Pass max_segments_per_seq>=4." in out and "one-device call is wrong too" in out
     proc = _cli(tmp_path / "missing.npz", "--cp", 4, "--strategy", "ring")
     assert proc.returncode == 2 and proc.stderr.startswith("check_layout: error: BATCH=")
+
+
+def test_command_line_several_windows_and_reordered_input(tmp_path):
+    ids, pos = _slots(seq=32, slot=8, valid=6)
+    np.savez(tmp_path / "a.npz", segment_ids=ids, segment_pos=pos)
+    reordered = [
+        reorder_causal_load_balancing(x, ReorderStrategy.Striped, 2, 1, 1) for x in (ids, pos)
+    ]
+    np.savez(tmp_path / "b.npz", segment_ids=reordered[0], segment_pos=reordered[1])
+    # --window 3 and --model-window 4 are one window, (3, 0): two windows in all
+    flags = ["--cp", 4, "--strategy", "allgather", "--stripe", 2, "--max-segments", 6]
+    flags += ["--window", "none", "--model-window", 4, "--window", 3, "--progress", "off"]
+    proc = _cli(tmp_path, *flags)
+    assert proc.returncode == 1, proc.stderr
+    out = " ".join(proc.stdout.split())  # the lines are wrapped at 88 columns
+    assert out.count("check_layout: ") == 5 and out.count("verdict: OK") == 2, out
+    assert "stripe=2, window=None (global), max_segments_per_seq=6" in out
+    assert "window=(3, 0) (model window W=4), max_segments_per_seq=6" in out
+    assert "looks reordered: undoing ReorderStrategy.Striped with cp_size=2, stripe_size=1" in out
+    assert "that is not this run's cp=4, stripe=2" in out
+    summary = out[out.index("check_layout: 2 windows x 2 files: 2 OK, 2 WRONG") :]
+    for line in (
+        "a.npz, window=None (global): OK",
+        "a.npz, window=(3, 0) (model window W=4): OK",
+        "b.npz, window=None (global): WRONG",
+        "b.npz, window=(3, 0) (model window W=4): WRONG",
+    ):
+        assert line in summary, summary
+    proc = _cli(tmp_path / "a.npz", *flags, "--json")
+    assert proc.returncode == 0, proc.stderr
+    reports = json.loads(proc.stdout)
+    assert [(r["window"], r["model_window"], r["verdict"]) for r in reports] == [
+        (None, None, "ok"),
+        ([3, 0], 4, "ok"),
+    ]

@@ -1,7 +1,7 @@
 """Check your own packed batch: does TE's context-parallel attention compute it right?
 
 ``python -m tutorial_utils.cli.check_layout BATCH.npz --cp 4 --strategy allgather --stripe 128
-[--window L] [--max-segments M] [--json]``
+[--window L[,L|none...]] [--model-window W[,W|none...]] [--max-segments M] [--json]``
 
 Why: the tutorial proves its own layouts right; a reader's batches (their packing, their padding
 positions, their stripe) get no such proof, and TE does not raise when its THD metadata tricks
@@ -23,9 +23,21 @@ would not) and the tolerance is tight (``TOLERANCE``); a query that misses one k
 8,192-token window moves by about 1e-4. Only the forward is run: the backward reads the same
 metadata.
 
+Several windows in one run (a model with local and global layers): ``--window`` takes TE's left
+bound L of ``window_size=(L, 0)`` or ``none`` (a global layer), ``--model-window`` the model's own
+window W (the keys a query sees, itself included, from array indices), checked as TE's ``(W-1,
+0)``; both repeat or take comma lists. Each window gets its own TE run and verdict; the arrays,
+the reorder diagnosis, q/k/v and their striped copies are shared, the compiled programs cached.
+
+Arrays that are not a packed layout are also tried as already reordered for CP (the tool takes
+them un-reordered and reorders them itself): if undoing a Striped or DualChunkSwap reorder makes
+them one, the report names that reorder and gives its fix
+(:func:`~tutorial_utils.cli.check_layout_input.looks_reordered`).
+
 Verdicts: ``ok`` (validator accepts and TE's CP output is right), ``wrong`` (TE's CP output is
 not), ``rejected`` (TE happened to be right on this batch but the validator rejects it, which it
-is not expected to do: please report it). Exit status 0 for ok, 1 otherwise, 2 for bad input.
+is not expected to do: please report it). Exit status 0 when every verdict (every file and
+window) is ok, 1 otherwise, 2 for bad input.
 
 TE is imported inside :func:`_te` and :func:`_fused`, after ``te_on_cpu.install()``: the
 stand-in extension must be in place before ``transformer_engine.jax`` (or ``tutorial_utils.te``,
@@ -35,13 +47,10 @@ whose import picks a backend and imports TE) is imported.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import pathlib
-import re
 import sys
-import textwrap
 import time
 
 import jax
@@ -52,188 +61,34 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from tutorial_utils import rules, te_on_cpu
+from tutorial_utils.cli.check_layout_input import (
+    REQUIRED_ARRAYS,
+    Window,
+    load_batches,
+    looks_reordered,
+    model_windows,
+    reorder_fix,
+    te_windows,
+    unique_windows,
+)
+from tutorial_utils.cli.check_layout_report import GIB, TOLERANCE, Report, fix_of, summary
 from tutorial_utils.reference import MaskSpec, blockwise_attention
 from tutorial_utils.validation import first_violation
 
 __all__ = [
     "Report",
+    "Window",
     "load_batches",
     "check",
+    "check_windows",
     "main",
     "TOLERANCE",
     "DEFAULT_HEAD_DIM",
     "REQUIRED_ARRAYS",
 ]
 
-#: Largest absolute difference of float32 outputs that still counts as the same attention.
-TOLERANCE = 2e-5
 DEFAULT_HEAD_DIM = 8
-REQUIRED_ARRAYS = ("segment_ids", "segment_pos")
 STRATEGIES = ("allgather", "ring")
-_GIB = 1024**3
-WIDTH = 88  # the report's lines, as a terminal and the recipes page show them
-
-
-def _wrap(line: str) -> str:
-    """``line`` wrapped at :data:`WIDTH` columns, its continuation lines indented two more
-    spaces; words (paths, ``name=value``) are never broken."""
-    indent = " " * (len(line) - len(line.lstrip(" ")))
-    return textwrap.fill(
-        line.strip(),
-        WIDTH,
-        initial_indent=indent,
-        subsequent_indent=indent + "  ",
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-
-
-@dataclasses.dataclass
-class Report:
-    """What :func:`check` found for one batch. ``to_json`` drops the arrays."""
-
-    file: str
-    batch: int
-    seq: int
-    cp: int
-    strategy: str
-    stripe: int
-    window: tuple[int, int] | None
-    max_segments: int
-    head_dim: int
-    verdict: str
-    validator: str | None  # None = accepts, else the violated rule
-    fix: str | None
-    max_error_cp_vs_one_device: float
-    max_error_cp_vs_reference: float
-    max_error_one_device_vs_reference: float
-    wrong_rows: int  # tokens (batch row, position) whose CP output is wrong
-    wrong_segments: list[dict]
-    memory_estimate_bytes: int
-    seconds: float
-    outputs: dict = dataclasses.field(default_factory=dict, repr=False)
-
-    def to_json(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.pop("outputs")
-        return out
-
-    def text(self) -> str:
-        win = f", window={self.window}" if self.window else ""
-        lines = [
-            f"check_layout: {self.file}: {self.batch} x {self.seq:,} tokens",
-            (
-                f"  cp={self.cp}, strategy={self.strategy}, stripe={self.stripe}{win},"
-                f" max_segments_per_seq={self.max_segments}"
-            ),
-            (
-                f"  run: TE's own CP code on {self.cp} simulated CPU devices (reference kernel in"
-                f" place of cuDNN), random q/k/v with 1 head, head_dim {self.head_dim}, float32;"
-                f" {self.seconds:.1f} s"
-            ),
-            f"  memory estimate: {self.memory_estimate_bytes / _GIB:.2f} GiB",
-            f"  validator: {'accepts' if self.validator is None else 'rejects'}",
-            (
-                f"  max error: CP vs one device {self.max_error_cp_vs_one_device:.3g}, CP vs"
-                f" reference {self.max_error_cp_vs_reference:.3g}, one device vs reference"
-                f" {self.max_error_one_device_vs_reference:.3g} (tolerance {TOLERANCE:g})"
-            ),
-        ]
-        if self.verdict == "ok":
-            lines.append("  verdict: OK - TE's CP code computes this layout right")
-        else:
-            head = (
-                "WRONG - TE's CP code attends the wrong keys"
-                if self.verdict == "wrong"
-                else (
-                    "REJECTED - TE computed this batch right, but the validator rejects it (please"
-                    " report this)"
-                )
-            )
-            lines.append(
-                f"  verdict: {head}: {self.wrong_rows:,} token rows in"
-                f" {len(self.wrong_segments)} segments"
-            )
-            for seg in self.wrong_segments[:10]:
-                what = "padding" if seg["segment"] == 0 else f"segment {seg['segment']}"
-                lines.append(
-                    f"    row {seg['row']}, {what}: {seg['tokens']:,} tokens wrong, first at token "
-                    f"{seg['first_token']:,}"
-                )
-            if len(self.wrong_segments) > 10:
-                lines.append(f"    ... and {len(self.wrong_segments) - 10} more segments")
-            if self.max_error_one_device_vs_reference > TOLERANCE:
-                lines.append(
-                    "  note: the one-device call is wrong too (e.g. more segments than"
-                    " max_segments_per_seq)"
-                )
-            if self.validator:
-                lines.append(f"  rule broken: {self.validator}")
-            if self.fix:
-                lines.append(f"  fix: {self.fix}")
-        return "\n".join(_wrap(line) for line in lines)
-
-
-# ----------------------------------------------------------------------------- reading the reader's
-
-
-def _load_one(path: pathlib.Path):
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"BATCH={str(path)!r} is not a readable .npz file ({err}); save your arrays with "
-            "np.savez(path, segment_ids=ids, segment_pos=pos)."
-        ) from err
-    if not hasattr(data, "files"):
-        raise ValueError(
-            f"BATCH={str(path)!r} holds a single array, not an .npz archive; save both arrays with "
-            "np.savez(path, segment_ids=ids, segment_pos=pos)."
-        )
-    missing = [name for name in REQUIRED_ARRAYS if name not in data.files]
-    if missing:
-        raise ValueError(
-            f"BATCH={str(path)!r} has no array {missing[0]!r} (it holds {sorted(data.files)}); it"
-            " needs segment_ids and segment_pos, e.g. np.savez(path, segment_ids=ids,"
-            " segment_pos=pos)."
-        )
-    ids, pos = data["segment_ids"], data["segment_pos"]
-    for name, arr in (("segment_ids", ids), ("segment_pos", pos)):
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(
-                f"{path}: {name} has dtype {arr.dtype}, not an integer type; save it with "
-                f"{name}.astype(np.int32)."
-            )
-        if arr.ndim != 2:
-            hint = " (one row? save it as x[None])" if arr.ndim == 1 else ""
-            raise ValueError(
-                f"{path}: {name} has shape {arr.shape}; it must be 2-D [batch, seq]{hint}."
-            )
-    if ids.shape != pos.shape:
-        raise ValueError(
-            f"{path}: segment_ids has shape {ids.shape} but segment_pos has shape {pos.shape}; they"
-            " must match token for token."
-        )
-    if ids.size == 0:
-        raise ValueError(f"{path}: the arrays are empty (shape {ids.shape}).")
-    return ids.astype(np.int32), pos.astype(np.int32)
-
-
-def load_batches(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """``[(name, segment_ids, segment_pos), ...]`` from an ``.npz`` file or a folder of them
-    (ValueError if bad)."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise ValueError(
-            f"BATCH={str(path)!r} does not exist; pass an .npz file with segment_ids and"
-            " segment_pos [batch, seq] arrays, or a folder of such files."
-        )
-    if path.is_dir():
-        files = sorted(path.glob("*.npz"))
-        if not files:
-            raise ValueError(f"BATCH={str(path)!r} is a folder with no .npz files in it.")
-        return [(str(f), *_load_one(f)) for f in files]
-    return [(str(path), *_load_one(path))]
 
 
 # ----------------------------------------------------------------------------- the three programs
@@ -308,10 +163,31 @@ def _memory(compiled, devices=1) -> int:
 
 
 @functools.cache
+def _cp_mesh(cp):
+    mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
+    return mesh, NamedSharding(mesh, P(None, "cp"))
+
+
+def _striped_inputs(args, cp, stripe):
+    """q, k, v, ids and pos striped for ``cp`` devices and sharded over them (every window's CP
+    program takes these)."""
+    _, te_attention = _te()
+    _, sharding = _cp_mesh(cp)
+    return tuple(
+        jax.device_put(
+            te_attention.reorder_causal_load_balancing(
+                x, te_attention.ReorderStrategy.Striped, cp, 1, stripe
+            ),
+            sharding,
+        )
+        for x in args
+    )
+
+
+@functools.cache
 def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim):
     te_jax, te_attention = _te()
-    mesh = Mesh(np.array(jax.devices()[:cp]), ("cp",))
-    sharding = NamedSharding(mesh, P(None, "cp"))
+    mesh, sharding = _cp_mesh(cp)
     strat = (
         te_attention.CPStrategy.RING if strategy == "ring" else te_attention.CPStrategy.ALL_GATHER
     )
@@ -335,14 +211,8 @@ def _cp_program(cp, strategy, stripe, window, max_segments, batch, seq, head_dim
             .compile()
         )
 
-    def run(q, k, v, ids, pos):
-        def put(x):
-            x = te_attention.reorder_causal_load_balancing(
-                x, te_attention.ReorderStrategy.Striped, cp, 1, stripe
-            )
-            return jax.device_put(x, sharding)
-
-        out = compiled(*(put(x) for x in (q, k, v, ids, pos)))
+    def run(striped_inputs):
+        out = compiled(*striped_inputs)
         return np.asarray(
             te_attention.inverse_reorder_causal_load_balancing(
                 out, te_attention.ReorderStrategy.Striped, cp, 1, stripe
@@ -381,15 +251,6 @@ def _reference_program(window, batch, seq, head_dim):
 # ----------------------------------------------------------------------------- the check
 
 
-def _fix_of(message: str | None) -> str | None:
-    if not message:
-        return None
-    if "Fix:" in message:
-        return message.split("Fix:", 1)[1].strip()
-    sentences = re.split(r"(?<=[.;])\s+", message.strip())
-    return sentences[-1] if len(sentences) > 1 else None
-
-
 def _wrong_segments(wrong, ids):
     out = []
     for b, sid in sorted({(int(b), int(ids[b, t])) for b, t in zip(*np.nonzero(wrong))}):
@@ -402,7 +263,7 @@ def _wrong_segments(wrong, ids):
 
 def default_memory_limit() -> int:
     """16 GiB, or 80% of the memory this machine has available if that is less."""
-    limit = 16 * _GIB
+    limit = 16 * GIB
     try:
         with open("/proc/meminfo") as fh:
             avail = next(
@@ -433,11 +294,76 @@ def check(
 
     Needs ``cp`` JAX devices (the command line simulates them). ``progress`` is called with a stage
     name after each stage. Raises ``ValueError`` for bad arguments or a memory estimate past the
-    limit.
+    limit. One window (TE's left bound L, or ``None``); :func:`check_windows` takes several.
+    """
+    return check_windows(
+        segment_ids,
+        segment_pos,
+        cp=cp,
+        strategy=strategy,
+        stripe=stripe,
+        windows=[window],
+        max_segments=max_segments,
+        head_dim=head_dim,
+        memory_limit=memory_limit,
+        seed=seed,
+        name=name,
+        progress=progress,
+    )[0]
+
+
+def check_windows(
+    segment_ids,
+    segment_pos,
+    *,
+    cp: int,
+    strategy: str,
+    stripe: int = 1,
+    windows=(None,),
+    max_segments: int | None = None,
+    head_dim: int = DEFAULT_HEAD_DIM,
+    memory_limit: int | None = None,
+    seed: int = 0,
+    name: str = "<arrays>",
+    progress=None,
+) -> list[Report]:
+    """:func:`check` for each of several windows, sharing what does not depend on the window.
+
+    The argument checks, the reorder diagnosis, q/k/v and their striped, sharded copies are made
+    once; the validator, the memory estimate's programs and the three runs are per window (TE's
+    window rules and the compiled masks depend on it). Every window's programs are compiled and
+    the memory estimated before anything is allocated.
+
+    Args:
+        segment_ids: ``[batch, seq]`` integer segment ids, un-reordered.
+        segment_pos: ``[batch, seq]`` integer positions.
+        cp: CP size; needs ``cp`` JAX devices (the command line simulates them).
+        strategy: ``"allgather"`` or ``"ring"``.
+        stripe: Stripe size of the striped reorder.
+        windows: Each a TE left bound L (``window_size=(L, 0)``), ``None`` (full causal), or a
+            :class:`~tutorial_utils.cli.check_layout_input.Window`.
+        max_segments: ``max_segments_per_seq`` (default: the largest segment id).
+        head_dim: Head dimension of the random q/k/v.
+        memory_limit: Bytes past which the estimate refuses (default
+            :func:`default_memory_limit`).
+        seed: Seed of the random q/k/v.
+        name: The batch's name in the reports.
+        progress: Called with a stage name after each stage (five per window).
+
+    Returns:
+        One :class:`Report` per window, in order.
+
+    Raises:
+        ValueError: For bad arguments or a memory estimate past the limit.
     """
     t0 = time.perf_counter()
     step = progress or (lambda _stage: None)
-    strategy = _check_args(cp, strategy, stripe, window, max_segments, head_dim)
+    wins = [w if isinstance(w, Window) else Window(left=w) for w in windows]
+    if not wins:
+        raise ValueError("windows=[] holds no window; pass [None] for full causal attention.")
+    for w in wins:
+        canonical = _check_args(cp, strategy, stripe, w.left, max_segments, head_dim)
+    strategy = canonical
     ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
     if (
         ids.ndim != 2
@@ -457,79 +383,115 @@ def check(
             "`python -m tutorial_utils.cli.check_layout`, which simulates them on CPU."
         )
     segs = max_segments if max_segments is not None else max(1, int(ids.max()))
-    win = None if window is None else (int(window), 0)
-    rule = first_violation(
-        ids,
-        pos,
-        max_segments_per_seq=segs,
-        cp_size=cp,
-        stripe_size=stripe,
-        strategy=strategy,
-        window_size=win,
-    )
-    step("validator")
-    run_cp, mem_cp = _cp_program(cp, strategy, stripe, win, segs, batch, seq, head_dim)
-    run_one, mem_one = _one_device_program(win, segs, batch, seq, head_dim)
-    run_ref, mem_ref = _reference_program(win, batch, seq, head_dim)
-    inputs = (
-        batch * seq * (3 * head_dim * 4 + 8) * 3
-    )  # q/k/v/ids/pos, their reordered copies and the outputs
-    estimate = inputs + max(mem_cp, mem_one, mem_ref)
+    reordered = looks_reordered(ids, pos, cp=cp, stripe=stripe)
+    seconds = [time.perf_counter() - t0] + [0.0] * (len(wins) - 1)  # shared work: the first's
+    found, programs = [], []
+    for i, w in enumerate(wins):
+        t = time.perf_counter()
+        found.append(
+            first_violation(
+                ids,
+                pos,
+                max_segments_per_seq=segs,
+                cp_size=cp,
+                stripe_size=stripe,
+                strategy=strategy,
+                window_size=w.size,
+            )
+        )
+        step("validator")
+        programs.append(
+            (
+                _cp_program(cp, strategy, stripe, w.size, segs, batch, seq, head_dim),
+                _one_device_program(w.size, segs, batch, seq, head_dim),
+                _reference_program(w.size, batch, seq, head_dim),
+            )
+        )
+        step("compile")
+        seconds[i] += time.perf_counter() - t
+    t = time.perf_counter()
+    # q/k/v/ids/pos, their reordered copies and the outputs (three more per extra window)
+    inputs = batch * seq * ((3 * head_dim * 4 + 8) * 3 + (len(wins) - 1) * 3 * head_dim * 4)
+    estimate = inputs + max(mem for progs in programs for _, mem in progs)
     limit = default_memory_limit() if memory_limit is None else memory_limit
-    step("compile")
     if estimate > limit:
         raise ValueError(
-            f"memory estimate {estimate / _GIB:.2f} GiB exceeds"
-            f" --memory-limit-gb={limit / _GIB:.2f} for {batch} x {seq:,} tokens; check fewer rows"
+            f"memory estimate {estimate / GIB:.2f} GiB exceeds"
+            f" --memory-limit-gb={limit / GIB:.2f} for {batch} x {seq:,} tokens; check fewer rows"
             " at a time (split the batch into several .npz files in a folder) or raise the limit."
         )
     keys = jax.random.split(jax.random.PRNGKey(seed), 3)
     q, k, v = (jax.random.normal(kk, (batch, seq, 1, head_dim), jnp.float32) for kk in keys)
     args = (q, k, v, jnp.asarray(ids), jnp.asarray(pos))
-    out_cp = run_cp(*args)
-    step("TE CP")
-    out_one = run_one(*args)
-    step("TE one device")
-    out_ref = run_ref(*args)
-    step("reference")
-    row_err = np.max(np.abs(out_cp - out_ref), axis=(2, 3))
-    wrong = row_err > TOLERANCE
-    right = not wrong.any()
-    verdict = ("ok" if rule is None else "rejected") if right else "wrong"
-    return Report(
-        file=name,
-        batch=batch,
-        seq=seq,
-        cp=cp,
-        strategy=strategy,
-        stripe=stripe,
-        window=win,
-        max_segments=segs,
-        head_dim=head_dim,
-        verdict=verdict,
-        validator=rule,
-        fix=_fix_of(rule),
-        max_error_cp_vs_one_device=float(np.max(np.abs(out_cp - out_one))),
-        max_error_cp_vs_reference=float(row_err.max()),
-        max_error_one_device_vs_reference=float(np.max(np.abs(out_one - out_ref))),
-        wrong_rows=int(wrong.sum()),
-        wrong_segments=_wrong_segments(wrong, ids),
-        memory_estimate_bytes=int(estimate),
-        seconds=time.perf_counter() - t0,
-        outputs={
-            "cp": out_cp,
-            "one_device": out_one,
-            "reference": out_ref,
-            "q": np.asarray(q),
-            "k": np.asarray(k),
-            "v": np.asarray(v),
-        },
-    )
+    striped = _striped_inputs(args, cp, stripe)
+    seconds[0] += time.perf_counter() - t
+    reports = []
+    for i, (w, rule, ((run_cp, _), (run_one, _), (run_ref, _))) in enumerate(
+        zip(wins, found, programs)
+    ):
+        t = time.perf_counter()
+        out_cp = run_cp(striped)
+        step("TE CP")
+        out_one = run_one(*args)
+        step("TE one device")
+        out_ref = run_ref(*args)
+        step("reference")
+        row_err = np.max(np.abs(out_cp - out_ref), axis=(2, 3))
+        wrong = row_err > TOLERANCE
+        right = not wrong.any()
+        reports.append(
+            Report(
+                file=name,
+                batch=batch,
+                seq=seq,
+                cp=cp,
+                strategy=strategy,
+                stripe=stripe,
+                window=w.size,
+                max_segments=segs,
+                head_dim=head_dim,
+                verdict=("ok" if rule is None else "rejected") if right else "wrong",
+                validator=rule,
+                fix=reorder_fix(reordered[0]) if reordered and rule else fix_of(rule),
+                max_error_cp_vs_one_device=float(np.max(np.abs(out_cp - out_one))),
+                max_error_cp_vs_reference=float(row_err.max()),
+                max_error_one_device_vs_reference=float(np.max(np.abs(out_one - out_ref))),
+                wrong_rows=int(wrong.sum()),
+                wrong_segments=_wrong_segments(wrong, ids),
+                memory_estimate_bytes=int(estimate),
+                seconds=seconds[i] + time.perf_counter() - t,
+                model_window=w.model,
+                window_given=w.given,
+                looks_reordered=reordered if rule else [],
+                outputs={
+                    "cp": out_cp,
+                    "one_device": out_one,
+                    "reference": out_ref,
+                    "q": np.asarray(q),
+                    "k": np.asarray(k),
+                    "v": np.asarray(v),
+                },
+            )
+        )
+    return reports
 
 
 # ----------------------------------------------------------------------------- command line
 
 STAGES = ("validator", "compile", "TE CP", "TE one device", "reference")
+
+
+def _argument_type(parse):
+    """``parse`` for argparse: its ValueError becomes the parser's error, message kept."""
+
+    def parse_or_refuse(text):
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse_or_refuse.__name__ = parse.__name__
+    return parse_or_refuse
 
 
 def _parser():
@@ -553,7 +515,26 @@ def _parser():
         "--stripe", type=int, default=1, help="stripe_size of the striped reorder (Ring: 1)"
     )
     p.add_argument(
-        "--window", type=int, default=None, metavar="L", help="causal sliding window (L, 0)"
+        "--window",
+        type=_argument_type(te_windows),
+        action="append",
+        dest="windows",
+        metavar="L",
+        help=(
+            "TE's causal sliding window (L, 0), or 'none' for a global layer; several as a comma"
+            " list or repeated flags, each checked (e.g. --window 63 --window none)"
+        ),
+    )
+    p.add_argument(
+        "--model-window",
+        type=_argument_type(model_windows),
+        action="append",
+        dest="windows",
+        metavar="W",
+        help=(
+            "the model's own window W (the keys a query sees, itself included, from array"
+            " indices), checked as TE's (W-1, 0); 'none' for a global layer; repeatable"
+        ),
     )
     p.add_argument(
         "--max-segments",
@@ -572,7 +553,7 @@ def _parser():
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (a list for a folder) instead of text",
+        help="print one JSON object (a list for a folder or several windows) instead of text",
     )
     p.add_argument(
         "--progress",
@@ -590,11 +571,12 @@ def main(argv=None) -> int:
         parser.error(f"--cp={args.cp} must be >= 1")
     te_on_cpu.simulate_cpu_devices(args.cp)
     try:
+        windows = unique_windows(args.windows)
         batches = load_batches(args.batch)
-        limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * _GIB)
+        limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * GIB)
         reports = []
         with tqdm(
-            total=len(batches) * len(STAGES),
+            total=len(batches) * len(windows) * len(STAGES),
             desc="check_layout",
             unit="stage",
             file=sys.stderr,
@@ -606,20 +588,18 @@ def main(argv=None) -> int:
                     bar.set_postfix_str(f"{pathlib.Path(name).name}: {stage}")
                     bar.update(1)
 
-                reports.append(
-                    check(
-                        ids,
-                        pos,
-                        cp=args.cp,
-                        strategy=args.strategy,
-                        stripe=args.stripe,
-                        window=args.window,
-                        max_segments=args.max_segments,
-                        head_dim=args.head_dim,
-                        memory_limit=limit,
-                        name=name,
-                        progress=progress,
-                    )
+                reports += check_windows(
+                    ids,
+                    pos,
+                    cp=args.cp,
+                    strategy=args.strategy,
+                    stripe=args.stripe,
+                    windows=windows,
+                    max_segments=args.max_segments,
+                    head_dim=args.head_dim,
+                    memory_limit=limit,
+                    name=name,
+                    progress=progress,
                 )
     except ValueError as err:
         print(f"check_layout: error: {err}", file=sys.stderr)
@@ -633,6 +613,8 @@ def main(argv=None) -> int:
         )
     else:
         print("\n".join(r.text() for r in reports))
+        if len(windows) > 1:
+            print(summary(reports))
     return 0 if all(r.verdict == "ok" for r in reports) else 1
 
 
