@@ -1,7 +1,7 @@
 """Is an NVIDIA GPU visible? Answered without starting JAX.
 
 Whether to simulate CPU devices and which TE backend to use must both be decided before
-JAX starts, and both depend on this answer; TE's NCCL preload lives here too.
+JAX starts, and both depend on this answer; TE's library preloads live here too.
 
 JAX is imported only inside :func:`jax_started` and :func:`gpu_present`, and only once it is
 already loaded: this module answers before JAX, and never imports it itself.
@@ -19,7 +19,7 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl"]
+__all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl", "preload_te_libraries"]
 
 
 def jax_started() -> bool:
@@ -147,3 +147,39 @@ def preload_nccl(sites: Sequence[str] | None = None) -> str | None:
         return None
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     return str(lib)
+
+
+# TE's core library needs these too and has no RUNPATH; TE preloads them from pip itself only
+# when it finds no system NVRTC or cuRAND (its ``load_libs_for_no_ctk``), so a node with a system
+# ``nvcc`` but pip's cuBLAS fails with "libcublas.so.13: cannot open shared object file".
+_TE_RUNTIME = ("libcudart.so", "libcublasLt.so", "libcublas.so")
+
+
+def preload_te_libraries(sites: Sequence[str] | None = None) -> list[str]:
+    """Load what TE's libraries need before ``import transformer_engine.jax``.
+
+    On either of TE's loader branches: pip's NCCL, then cudart, cuBLASLt and cuBLAS, each from
+    the loader path when it has them (a system copy wins, as in TE's own order), else from
+    pip's wheels.
+
+    Args:
+        sites: Directories to search, as :func:`nccl_library`.
+
+    Returns:
+        The libraries loaded from pip, by path (empty when the loader path had them all or
+        pip's CUDA wheels are not installed: TE's own loader then decides).
+    """
+    loaded = [lib] if (lib := preload_nccl(sites)) else []
+    for stem in _TE_RUNTIME:
+        candidates = sorted(
+            (f for nv in _nvidia_dirs(sites) for f in nv.glob(f"*/lib/{stem}.1[0-9]")),
+            reverse=True,  # the newest major version first
+        )
+        for path in candidates:
+            try:
+                ctypes.CDLL(path.name, mode=ctypes.RTLD_GLOBAL)  # on the loader path already
+            except OSError:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                loaded.append(str(path))
+            break
+    return loaded

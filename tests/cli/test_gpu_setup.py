@@ -680,14 +680,51 @@ def test_gpu_page_states_the_step_limits_the_code_uses():
     assert stated == G.STEP_SECONDS
 
 
-def test_the_facade_loads_pips_nccl_before_importing_real_te(monkeypatch):
-    """Finding 10 at the facade: ``tutorial_utils.te`` loads NCCL first, then imports TE."""
+def test_the_facade_loads_tes_libraries_before_importing_real_te(monkeypatch):
+    """``tutorial_utils.te`` loads NCCL and TE's CUDA runtime first, then imports TE."""
     import importlib
 
     from tutorial_utils.te import _backend
 
     order = []
-    monkeypatch.setattr(_backend, "preload_nccl", lambda *a, **k: order.append("nccl"))
+    monkeypatch.setattr(_backend, "preload_te_libraries", lambda *a, **k: order.append("nccl"))
     monkeypatch.setattr(importlib, "import_module", lambda name: order.append(name) or name)
     assert _backend._import_real_te() == "transformer_engine.jax"
     assert order == ["nccl", "transformer_engine.jax"]
+
+
+def test_preload_te_libraries_loads_pips_cuda_runtime_when_the_loader_path_lacks_it(tmp_path):
+    """TE's system-toolkit loader branch preloads nothing from pip: the preload does it, and
+    takes the loader path's copy first. Stand-in libraries built with the system compiler."""
+    import ctypes
+    import shutil as _shutil
+    import subprocess as _sp
+
+    from tutorial_utils import gpu as GPU
+
+    cc = _shutil.which("cc") or _shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build stand-in libraries")
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    src = tmp_path / "empty.c"
+    src.write_text("int tutorial_stand_in(void) { return 0; }\n")
+    names = ["libnccl.so.2", "libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"]
+    for name in names:
+        _sp.run(
+            [cc, "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(lib / name), str(src)],
+            check=True,
+        )
+
+    def on_loader_path(name):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            return False
+        return True
+
+    # NCCL always from pip; the others from pip unless this machine's loader path has them
+    want = [str(lib / names[0])] + [str(lib / n) for n in names[1:] if not on_loader_path(n)]
+    loaded = GPU.preload_te_libraries([str(tmp_path)])
+    assert loaded == want, loaded
+    assert GPU.preload_te_libraries([str(tmp_path / "none")]) == []

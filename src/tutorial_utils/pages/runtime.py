@@ -21,7 +21,7 @@ from importlib.metadata import version
 import jax
 
 from tutorial_utils import te_on_cpu
-from tutorial_utils.gpu import gpu_present
+from tutorial_utils.gpu import gpu_present, preload_te_libraries
 
 __all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
 
@@ -44,6 +44,7 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
     if not isinstance(num_cpu_devices, int) or num_cpu_devices < 1:
         raise ValueError(f"num_cpu_devices must be a positive int, got {num_cpu_devices!r}.")
     if gpu_present():
+        preload_te_libraries()  # for the page's `import transformer_engine.jax`
         return
     flags = os.environ.get("XLA_FLAGS", "")
     chosen = (

@@ -14,7 +14,7 @@ import importlib
 import os
 from importlib.metadata import version
 
-from ..gpu import gpu_present, preload_nccl
+from ..gpu import gpu_present, preload_te_libraries
 
 _ENV = "TUTORIAL_TE_BACKEND"
 CHOICES = ("auto", "te", "te-cpu", "reference")
@@ -29,9 +29,9 @@ def _te_version(module) -> str:
 
 
 def _import_real_te():
-    # TE's libraries need libnccl.so.2 and carry no RPATH: load pip's NCCL first, so the import
-    # does not depend on JAX's CUDA plugin having loaded it already
-    preload_nccl()
+    # TE's libraries need NCCL, cuBLAS and cudart and carry no RPATH: load them first, so the
+    # import works on either of TE's loader branches (gpu.preload_te_libraries)
+    preload_te_libraries()
     return importlib.import_module("transformer_engine.jax")
 
 
