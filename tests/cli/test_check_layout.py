@@ -222,8 +222,8 @@ def test_already_reordered_arrays_are_diagnosed():
         "stripe": 2,
     }
     assert report.fix.endswith(
-        "inverse_reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp_size=4, seq_dim=1,"
-        " stripe_size=2)."
+        "inverse_reorder_causal_load_balancing(x, strategy=ReorderStrategy.Striped, cp_size=4,"
+        " seq_dim=1, stripe_size=2)."
     )
     text = " ".join(report.text().split())
     assert "rule broken: segment_ids row 0: segment 1 is not contiguous" in text

@@ -154,7 +154,7 @@ def test_the_sample_batch_names_the_reorder_that_was_applied():
     assert reorder_fix(found[0]) == (
         "pass segment_ids and segment_pos as they are before the reorder (check_layout reorders"
         " them itself), or undo it on both arrays with inverse_reorder_causal_load_balancing(x,"
-        " ReorderStrategy.DualChunkSwap, cp_size=4, seq_dim=1)."
+        " strategy=ReorderStrategy.DualChunkSwap, cp_size=4, seq_dim=1)."
     )
 
 

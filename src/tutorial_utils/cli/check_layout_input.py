@@ -273,9 +273,9 @@ def looks_reordered(segment_ids, segment_pos, *, cp: int, stripe: int) -> list[d
         stripe: This run's stripe size (tried first).
 
     Returns:
-        Up to three ``{"strategy": "Striped" | "DualChunkSwap", "cp": int, "stripe": int |
-        None}``, the likeliest first; empty when the arrays are a packed layout already or no
-        reorder explains them.
+        Up to three dicts with keys ``strategy`` (``"Striped"`` or ``"DualChunkSwap"``),
+        ``cp`` and ``stripe`` (an int or None), the likeliest first; empty when the arrays
+        are a packed layout already or no reorder explains them.
     """
     ids, pos = np.asarray(segment_ids), np.asarray(segment_pos)
     if _packed(ids, pos):
@@ -296,5 +296,5 @@ def reorder_fix(match: dict) -> str:
     return (
         "pass segment_ids and segment_pos as they are before the reorder (check_layout reorders"
         " them itself), or undo it on both arrays with inverse_reorder_causal_load_balancing(x,"
-        f" ReorderStrategy.{match['strategy']}, cp_size={match['cp']}, seq_dim=1{stripe})."
+        f" strategy=ReorderStrategy.{match['strategy']}, cp_size={match['cp']}, seq_dim=1{stripe})."
     )
