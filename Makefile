@@ -26,7 +26,7 @@ help:
 	@echo "make gpu-rehearse - (development) play that plan here with TE's real build, in a fresh Python 3.12"
 
 # The venv's installer: uv where pip can install it, else pip; TUTORIAL_INSTALLER=pip forces pip
-# (devtools/venv_install.py; CONTRIBUTING.md, "The test run", says why and what it saves).
+# (devtools/venv_install.py; devtools/README.md, "The test run", says why and what it saves).
 INSTALL := devtools/venv_install.py
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ venv: $(STAMP)
 # checks (tests/site/test_site.py) stay in one worker and the site is built once.
 PYTEST_WORKERS ?= 2
 # The run's environment: TCMalloc preloaded when the machine has it (TUTORIAL_FAST_MALLOC=0: glibc's
-# malloc) and one OpenBLAS thread (CONTRIBUTING.md, "The test run", gives the figures).
+# malloc) and one OpenBLAS thread (devtools/README.md, "The test run", gives the figures).
 RUN_ENV = OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	LD_PRELOAD="$$(bash tests/setup_machine.sh --malloc)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 # Bytecode writing allowed (PYTHONDONTWRITEBYTECODE cleared), so a run's processes share .pyc files
@@ -154,7 +154,7 @@ gpu-check:
 	$(PY) -m tutorial_utils.cli.check --out results/checks/gpu-check.json --force
 
 # Development: carry the bundle to a lent machine that takes 64 MiB per call, and rehearse that
-# plan here with TE's real build (CONTRIBUTING.md, "The GPU run").
+# plan here with TE's real build (devtools/README.md, "The GPU run on a lent machine").
 CARRY := PYTHONPATH=src $(PY) devtools/gpu_carry.py
 gpu-carry: gpu-bundle
 	$(CARRY) cut $(GPU_BUNDLE)

@@ -55,7 +55,7 @@ if not gpu_present():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The test run's process settings, for the kernels and every process they start
-# (CONTRIBUTING.md, "TCMalloc, OpenBLAS threads, the garbage collector"; none changes a result):
+# (devtools/README.md, "The test run"; none changes a result):
 # TCMalloc where the machine has it (XLA's compiles allocate heavily; TUTORIAL_FAST_MALLOC=0
 # keeps glibc's malloc), one OpenBLAS thread (idle ones spin on cores the build keeps busy), and
 # the collector's larger thresholds (devtools/run_gc.py, applied by devtools/sitecustomize.py).

@@ -29,8 +29,10 @@ keyed by its devices rather than by each process's own view of the topology, and
 process compiles it and hands it to the others (:func:`_share_between_cpu_processes`).
 
 It is for the tutorial's own runs: ``tests/conftest.py`` points :data:`ENV` at a folder the test
-run creates and deletes at its start, and every process that imports :mod:`tutorial_utils` picks it
-up. A reader's notebooks and the examples never use it unless that variable is set.
+run creates and deletes at its start (``conf.py`` at the build's own folder), and every process
+of the run that has ``devtools/`` on its path turns it on through ``sitecustomize.py`` and
+``run_hooks.py`` when JAX is imported. Importing :mod:`tutorial_utils` turns nothing on, so a
+reader's notebooks and the examples never use it.
 """
 
 from __future__ import annotations

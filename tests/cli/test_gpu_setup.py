@@ -668,7 +668,7 @@ def test_gpu_page_covers_both_cudas_both_pythons_and_cudnn_headers():
     for gone in ("cmake", "ninja", "64 MiB", "carry plan", "carry-plan", "gpu-carry"):
         assert gone not in text, (
             gone
-        )  # nothing uses the first two; the rest is contributors' (CONTRIBUTING.md)
+        )  # nothing uses the first two; the rest is contributors' (devtools/README.md)
 
 
 def test_gpu_page_states_the_step_limits_the_code_uses():

@@ -22,7 +22,7 @@ heights go to ``test-artifacts/page-heights.json``.
 
 What a reader sees, on every page, hidden cells opened: no absolute path of the build machine
 (a checkout, home or temporary folder, an installed package's file) in prose or output, and no
-word of the project's own machinery (TCMalloc, xdist, "per call", "lent": CONTRIBUTING.md's).
+word of the project's own machinery (TCMalloc, xdist, "per call", "lent": devtools/README.md's).
 Nothing is wider than its box at 1280 px (no sideways scroll): chapter code cells, code blocks
 and other pages' code cells, cell outputs and tables, each kind its own test.
 
@@ -900,7 +900,7 @@ MACHINE_PREFIXES = sorted(
     {str(ROOT), sys.prefix, tempfile.gettempdir()} - _GENERIC_PREFIXES, key=len, reverse=True
 )
 # Words of the project's own machinery (the test run, the lent GPU machine): they belong in
-# CONTRIBUTING.md, not on a reader's page.
+# devtools/README.md, not on a reader's page.
 CONTRIBUTOR_WORDS = re.compile(r"\b(?:(?:lib)?TCMalloc|xdist|per call|lent)\b", re.IGNORECASE)
 
 
@@ -987,10 +987,10 @@ def test_no_machine_path_on_any_page(crawl):
 
 
 def test_no_contributor_words_on_reader_pages(crawl):
-    """The test run's settings and the lent GPU machine are CONTRIBUTING.md's, not the site's."""
+    """The test run's settings and the lent GPU machine are devtools/README.md's, not the site's."""
     problems = word_problems(crawl.pages)
     assert crawl.pages and not problems, (
-        "contributor words on reader pages (move the passage to CONTRIBUTING.md):\n"
+        "contributor words on reader pages (move the passage to devtools/README.md):\n"
         + _format(problems)
     )
 
