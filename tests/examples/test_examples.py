@@ -113,7 +113,7 @@ def _script(tmp_path, name, body):
     return path
 
 
-def test_runner_gives_tes_fp32_refusal_and_names_missing_c_functions(tmp_path):
+def test_runner_gives_tes_fp32_refusal_and_names_missing_c_functions(tmp_path, monkeypatch):
     fp32 = _script(
         tmp_path,
         "fp32.py",
@@ -141,8 +141,12 @@ x = jnp.ones((2, 8, 16), jnp.bfloat16)
 LayerNorm().init(jax.random.PRNGKey(0), x)
 """,
     )
+    # TE's LayerNorm runs as TE's pure JAX under the runner; a user's switch that turns its
+    # custom call on is kept, noted on stderr, and the C function it needs is named
+    monkeypatch.setenv("NVTE_JAX_CUSTOM_CALLS", "NormFwdPrimitive=true")
     proc = run_script(norm, 1)
     assert proc.returncode != 0
+    assert "te_on_cpu: note: your NVTE_JAX_CUSTOM_CALLS='NormFwdPrimitive=true'" in proc.stderr
     assert (
         "transformer_engine_jax.get_norm_fwd_workspace_sizes is not implemented by the CPU stand-in"
         in proc.stderr

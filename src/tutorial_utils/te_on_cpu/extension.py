@@ -7,6 +7,7 @@ TE's own enum values and names what it cannot honour, so TE raises its own error
 from __future__ import annotations
 
 import enum
+import os
 import types
 
 import numpy as np
@@ -403,12 +404,19 @@ _UNIMPLEMENTED = [
 ]
 
 
+def _custom_calls() -> str:
+    value = os.environ.get("NVTE_JAX_CUSTOM_CALLS")
+    return "unset" if value is None else repr(value)
+
+
 def _unimplemented(name):
     def call(*_args, **_kwargs):
         raise NotImplementedError(
             f"transformer_engine_jax.{name} is not implemented by the CPU stand-in"
-            " (tutorial_utils.te_on_cpu): only fused attention runs on CPU. Run on a GPU node with"
-            " real TransformerEngine for this feature."
+            " (tutorial_utils.te_on_cpu): it runs TE's fused attention, and TE's other layers"
+            " as TE's pure JAX, with TE's custom calls off unless NVTE_JAX_CUSTOM_CALLS turns"
+            f" them on (here it is {_custom_calls()}). Run on a GPU node with real"
+            " TransformerEngine for this feature."
         )
 
     call.__name__ = name

@@ -1,8 +1,8 @@
 """CPU lowerings of TE's two innermost fused-attention primitives, and :func:`install`.
 
 The kernel reads ``cu_seqlens``/``seq_offsets`` as cuDNN does (the package docstring says how).
-TE's ``cpp_extensions`` are imported inside :func:`install`, once the stand-in extension is in
-``sys.modules``.
+TE's modules are imported inside :func:`install`, the helpers it calls and
+:func:`custom_calls_left_on`, once the stand-in extension is in ``sys.modules``.
 """
 
 from __future__ import annotations
@@ -342,10 +342,80 @@ def installed() -> bool:
     return _state["installed"]
 
 
+#: TE's documented switch for its custom calls (``BasePrimitive.enabled`` in
+#: ``cpp_extensions/base.py``), read each time a TE function picks its path: ``false`` turns
+#: every primitive that asks it off (norms, GEMMs, activations, softmax, quantization run as
+#: TE's own pure JAX). TE 2.20.2's fused attention never asks it, so it stays on the stand-in.
+#: Where it is unset (or names no such class), TE falls back to each class's own state.
+CUSTOM_CALLS_ENV = "NVTE_JAX_CUSTOM_CALLS"
+CUSTOM_CALLS_OFF = "false"
+
+
+def _te_primitive_classes() -> list:
+    """Every primitive class TE 2.20.2 defines except fused attention's, by name."""
+    from transformer_engine.jax.cpp_extensions.base import BasePrimitive
+
+    classes, todo = {}, [BasePrimitive]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__name__ not in classes:
+                classes[sub.__name__] = sub
+                todo.append(sub)
+    return [classes[name] for name in sorted(classes) if "Attn" not in name]
+
+
+def _turn_custom_calls_off() -> None:
+    """Turn each class's own state off (TE's ``set_enabled``).
+
+    TE uses it where the user's :data:`CUSTOM_CALLS_ENV` does not decide; unlike the
+    variable, the processes this one starts do not inherit it (a GPU job started from a CPU
+    test keeps TE's defaults).
+    """
+    for primitive in _te_primitive_classes():
+        primitive.set_enabled(False)
+
+
+#: Why TE's quantized (FP8/FP4) recipes do not run on CPU; ``{}`` is TE's scaling mode.
+QUANTIZATION_REFUSED = (
+    "{} (an FP8/FP4 recipe in te.autocast) does not run on CPU: the stand-in for TE's"
+    " extension (tutorial_utils.te_on_cpu) has no FP8/FP4 GEMMs, quantization kernels or FP8"
+    " attention. Run quantized recipes on a GPU node; on CPU use te.autocast(enabled=False)."
+)
+
+
+def _refuse_quantization() -> None:
+    """Answer TE's FP8/FP4 support query with "no" and :data:`QUANTIZATION_REFUSED`.
+
+    TE caches the verdict per scaling mode (``quantize.helper.is_scaling_mode_supported``);
+    filled here, ``te.autocast(enabled=True, recipe=...)`` fails in TE's own check with it.
+    """
+    from transformer_engine.jax.quantize import ScalingMode, helper
+
+    modes = [m for m in ScalingMode if m != ScalingMode.NO_SCALING]
+    helper._is_scaling_mode_supported = {m: False for m in modes}
+    helper._reason_for_no_scaling_mode = {m: QUANTIZATION_REFUSED.format(m.name) for m in modes}
+
+
+def custom_calls_left_on() -> list[str]:
+    """TE's non-attention custom calls that the current setting leaves on (they fail on CPU).
+
+    Asks each primitive class TE defines, by TE's own ``enabled()``; call after :func:`install`.
+
+    Returns:
+        The class names, sorted; empty when the setting turns them all off.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the _RE form warns on each read
+        return [c.__name__ for c in _te_primitive_classes() if c.enabled()]
+
+
 def install():
     """Import ``transformer_engine.jax`` with the stand-in extension and CPU kernels; return it.
 
-    Idempotent.
+    Turns TE's non-attention custom calls off by TE's own per-class switch, which a
+    :data:`CUSTOM_CALLS_ENV` the user set overrides: TE's layers (norm, dense, MLP, softmax)
+    run as TE's own pure JAX while attention runs on the stand-in. Quantized (FP8/FP4) recipes
+    are refused in TE's own support check. Idempotent.
 
     Returns:
         The ``transformer_engine.jax`` module.
@@ -399,6 +469,8 @@ def install():
     mlir.register_lowering(
         te_attn.FusedAttnBwdPrimitive.inner_primitive, _lowering(_bwd_kernel), platform="cpu"
     )
+    _turn_custom_calls_off()
+    _refuse_quantization()
     _state["installed"] = True
     return te_jax
 

@@ -11,6 +11,7 @@ import sys
 import jax
 
 from .extension import BACKEND_DESCRIPTION
+from .lowerings import CUSTOM_CALLS_ENV, CUSTOM_CALLS_OFF, custom_calls_left_on
 
 # ----------------------------------------------------------------------------- the runner for unmod
 
@@ -116,12 +117,41 @@ def simulate_cpu_devices(n: int) -> None:
     jax.config.update("jax_num_cpu_devices", n)
 
 
+def custom_calls_note() -> str:
+    """One line when the user's own TE switch leaves custom calls on that fail on CPU ('' if not).
+
+    The runner sets ``NVTE_JAX_CUSTOM_CALLS=false`` unless the user set it; a value of the
+    user's that leaves e.g. ``NormFwdPrimitive`` on sends TE's layers to a C function the
+    stand-in does not have.
+
+    Returns:
+        The note, or ``''``.
+    """
+    first = ["NormFwdPrimitive", "GemmPrimitive", "ActLuPrimitive"]  # what TE's layers use
+    rank = {name: i for i, name in enumerate(first)}
+    left_on = sorted(custom_calls_left_on(), key=lambda name: (rank.get(name, 3), name))
+    if not left_on:
+        return ""
+    more = f" and {len(left_on) - 3} more" if len(left_on) > 3 else ""
+    setting = " ".join(
+        f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith(CUSTOM_CALLS_ENV)
+    )
+    return (
+        f"te_on_cpu: note: your {setting} leaves TE's {', '.join(left_on[:3])}{more} on; the"
+        " CPU stand-in runs only fused attention, so TE layers that use them fail here. Unset"
+        f" it and te_on_cpu sets {CUSTOM_CALLS_ENV}=false (TE's pure-JAX paths)."
+    )
+
+
 def main(argv=None) -> int:
     """``python -m tutorial_utils.te_on_cpu [--devices N] script.py [args...]``.
 
-    Sets the CPU platform and device count before JAX starts a backend, installs the stand-in,
-    prints a three-line banner (the script; TE's version and the device count; what runs in
-    place of cuDNN), then runs the script with ``runpy`` as ``__main__``.
+    Sets the CPU platform and device count before JAX starts a backend, and TE's
+    ``NVTE_JAX_CUSTOM_CALLS=false`` unless the user set it (TE's layers then run as TE's pure
+    JAX; its fused attention ignores the switch; a note on stderr says when the user's own
+    setting leaves custom calls on), installs the stand-in, prints a three-line banner (the
+    script; TE's version and the device count; what runs in place of cuDNN), then runs the
+    script with ``runpy`` as ``__main__``.
 
     Args:
         argv: The command line after the program name; default ``sys.argv[1:]``.
@@ -131,6 +161,8 @@ def main(argv=None) -> int:
     """
     ns = _parse_runner_args(sys.argv[1:] if argv is None else argv)
     simulate_cpu_devices(ns.devices)
+    if not any(name.startswith(CUSTOM_CALLS_ENV) for name in os.environ):  # or its _RE form
+        os.environ[CUSTOM_CALLS_ENV] = CUSTOM_CALLS_OFF  # TE reads it at each call
     # the importable module, not this __main__ copy, so that its state is the one everybody sees
     runtime = importlib.import_module(__package__)
     te_jax = runtime.install()
@@ -146,6 +178,9 @@ def main(argv=None) -> int:
             f" CPU device{plural}\n ({BACKEND_DESCRIPTION}; CPU numbers are not GPU numbers)",
             flush=True,
         )
+        note = custom_calls_note()
+        if note:
+            print(note, file=sys.stderr, flush=True)
     os.environ[_CHILD_MARK] = "1"
     del te_jax
     sys.argv = [ns.script, *ns.args]
