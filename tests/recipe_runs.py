@@ -11,6 +11,7 @@ ON_THE_RECIPES_PAGE = [
     ("thd_ring.py", 4, r"THD Ring, cp=4, stripe=1"),
     ("thd_allgather_striped.py", 4, r"THD AllGather, cp=4, stripe=4"),
     ("flax_dot_product_attention.py", 4, r"Flax DotProductAttention, Ring, cp=4"),
+    ("te_decoder_block.py", 4, r"TE decoder block, Ring, cp=4"),
     ("reorder_once_iterator.py", 4, r"reorder-once iterator, Ring, cp=4"),
     ("multi_process.py", 4, r"4 processes, THD Ring over 4 devices"),
     ("cp_dp_fsdp_tp.py", 8, r"THD Ring on 2x2x2 \(data, tp, cp\)"),
