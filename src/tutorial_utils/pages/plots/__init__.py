@@ -26,7 +26,7 @@ from .benchmarks import (
     result_labels,
 )
 from .communication import plot_comm_bytes, plot_comm_steps
-from .cost_model import plot_speedup_sweep, plot_time_breakdown
+from .cost_model import plot_break_even_bands, plot_speedup_sweep, plot_time_breakdown
 from .load_balance import plot_rank_work, plot_token_ownership
 from .packed_inputs import (
     plot_attention_mask,
@@ -59,4 +59,5 @@ __all__ = [
     "plot_record_speedups",
     "plot_time_breakdown",
     "plot_speedup_sweep",
+    "plot_break_even_bands",
 ]

@@ -193,3 +193,96 @@ def plot_speedup_sweep(
         frameon=False,
     )
     return fig
+
+
+def plot_break_even_bands(
+    sweep: Mapping,
+    other: Mapping,
+    *,
+    published=None,
+    xlabel: str | None = None,
+    title: str | None = None,
+    labels: tuple[str, str] = ("fraction fit", "constant fit"),
+):
+    """Predicted speedup over one GPU as one band per configuration, between two calibrations.
+
+    Why: the takeaway chart of chapter 6. Two fits of TE's three published times agree at
+    TE's window and part at narrow ones, so each configuration is a range, not a line: the
+    band's solid edge is ``sweep``, its dashed edge ``other``. Published points are stars in
+    their strategy's colour at the sweep's ``base`` value, named in the legend, not on the plot.
+
+    Args:
+        sweep: The dict :func:`tutorial_utils.perfmodel.costmodel.speedup_sweep` returns.
+        other: The same sweep under the second calibration (same values and configurations).
+        published: Optional mapping ``(strategy, stripe) -> speedup``, TE's measured points.
+        xlabel: The x axis label; default the swept field's name.
+        title: The title; default names the model, the CP size and the GPU.
+        labels: The names of the two fits, for the edges' legend entries.
+
+    Returns:
+        The :class:`~matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: ``sweep`` or ``other`` is not a sweep, or they do not match.
+    """
+    for name, s in (("sweep", sweep), ("other", other)):
+        if not isinstance(s, Mapping) or not {"values", "speedup", "field"} <= set(s):
+            raise ValueError(f"{name} must be the dict costmodel.speedup_sweep(...) returns.")
+    xs = np.asarray(sweep["values"], dtype=np.float64)
+    if xs.ndim != 1 or xs.size == 0 or not sweep["speedup"]:
+        raise ValueError("sweep has no values or no configurations to draw.")
+    if list(other["values"]) != list(sweep["values"]) or set(other["speedup"]) != set(
+        sweep["speedup"]
+    ):
+        raise ValueError("other must sweep the same values and configurations as sweep.")
+    mpl = load_matplotlib()
+    plt = mpl.pyplot
+    fig, ax = plt.subplots(figsize=(6.8, 3.9), constrained_layout=True)
+    handles = []
+    for i, (key, ys) in enumerate(sweep["speedup"].items()):
+        ys = np.asarray(ys, dtype=np.float64)
+        alt = np.asarray(other["speedup"][key], dtype=np.float64)
+        if ys.shape != xs.shape or alt.shape != xs.shape:
+            raise ValueError(f"configuration {key!r} has a point count unlike the values'.")
+        color = f"C{i}"
+        ax.fill_between(xs, np.fmin(ys, alt), np.fmax(ys, alt), color=color, alpha=0.3, lw=0)
+        ax.plot(xs, ys, "-", color=color, lw=2)
+        ax.plot(xs, alt, "--", color=color, lw=2)
+        handles.append(mpl.patches.Patch(color=color, alpha=0.5, label=_case_text(*key)))
+    edge = mpl.lines.Line2D
+    handles += [
+        edge([], [], color="0.3", lw=2, label=f"solid edge: {labels[0]}"),
+        edge([], [], color="0.3", lw=2, ls="--", label=f"dashed edge: {labels[1]}"),
+    ]
+    # each measured point a star in its strategy's colour, its value in the legend
+    colors = {key[0]: f"C{i}" for i, key in enumerate(sweep["speedup"])}
+    for key, s in sorted(dict(published or {}).items(), key=lambda ks: ks[1]):
+        color = colors.get(key[0], "black")
+        ax.scatter([sweep.get("base")], [s], marker="*", s=160, color=color, ec="black", zorder=5)
+        handles.append(
+            edge(
+                [],
+                [],
+                ls="",
+                marker="*",
+                ms=13,
+                mfc=color,
+                mec="black",
+                label=f"TE measured: {_case_text(*key)}, {s:.2f}x",
+            )
+        )
+    ax.axhline(1.0, color="0.2", lw=1, ls=":")
+    ax.text(xs[0], 1.03, "one GPU", fontsize=10, va="bottom", color="0.2")
+    if xs.min() > 0 and xs.max() / xs.min() > 8:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{v:,.0f}" for v in xs], fontsize=10)
+        ax.minorticks_off()
+    ax.tick_params(labelsize=10)
+    ax.set_xlabel(xlabel or str(sweep["field"]), fontsize=10)
+    ax.set_ylabel("speedup over one GPU", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    where = f"{sweep.get('cp_size')} x {_short_gpu(sweep.get('hardware', ''))}"
+    ax.set_title(title or f"Model prediction, {where}", fontsize=11)
+    fig.legend(handles=handles, fontsize=10, loc="outside lower center", ncol=2, frameon=False)
+    return fig
