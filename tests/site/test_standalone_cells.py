@@ -2,7 +2,8 @@
 
 A chapter's last code cell carries the tag ``standalone``: it imports only JAX, NumPy, Flax,
 optax and ``transformer_engine``, builds its own inputs, does the chapter's job and checks
-itself. The landing page's first code cell is the complete CP call, held to the same rule.
+itself. The landing page's first code cell not tagged ``remove-cell`` is the complete CP
+call, held to the same rule.
 Each such cell is written to a file alone and run through ``python -m tutorial_utils.te_on_cpu
 --devices 4``, as a reader without a GPU would run it.
 """
@@ -33,7 +34,8 @@ def code_cells(path: Path) -> list[tuple[str, str]]:
 
 
 def standalone_cell(path: Path) -> str:
-    """The page's cell tagged ``standalone``: a chapter's last code cell, the landing page's first.
+    """The page's cell tagged ``standalone``: a chapter's last code cell, the landing page's first
+    shown one (its device set-up, tagged ``remove-cell``, may come before it).
 
     Raises:
         AssertionError: The page has none, several, or one in the wrong place.
@@ -41,7 +43,8 @@ def standalone_cell(path: Path) -> str:
     cells = code_cells(path)
     tagged = [i for i, (opts, _) in enumerate(cells) if TAG in opts]
     assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged {TAG!r}; want exactly one"
-    where = 0 if path.name == "index.md" else len(cells) - 1
+    shown = [i for i, (opts, _) in enumerate(cells) if "remove-cell" not in opts]
+    where = shown[0] if path.name == "index.md" else len(cells) - 1
     assert tagged[0] == where, f"{path.name}: the {TAG!r} cell is cell {tagged[0]}, not {where}"
     return cells[where][1]
 
