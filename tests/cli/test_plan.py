@@ -14,11 +14,11 @@ from tutorial_utils.cli.plan import main as plan_main
 from tutorial_utils.perfmodel.costmodel import (
     PUBLISHED_GB200,
     fit_calibration,
-    memory_bytes,
     predict,
     predict_single,
 )
 from tutorial_utils.perfmodel.hardware import PROFILES, get_hardware
+from tutorial_utils.perfmodel.memory import memory_bytes
 from tutorial_utils.perfmodel.workload import get_workload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -37,12 +37,12 @@ from tutorial_utils.perfmodel.costmodel import (
     CP_LOSS_FORMS,
     break_even_window,
     fit_calibration,
-    memory_bytes,
     predict,
     predict_all,
     predict_single,
 )
 from tutorial_utils.perfmodel.hardware import PROFILES, get_hardware
+from tutorial_utils.perfmodel.memory import memory_bytes
 from tutorial_utils.perfmodel.workload import PRESETS, Workload, get_workload
 
 __all__ = [
