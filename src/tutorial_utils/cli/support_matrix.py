@@ -63,7 +63,10 @@ _BASE = dict(
     hq=2,
     hkv=2,
     softmax="VANILLA_SOFTMAX",
+    packing=None,
 )
+#: packing -> TE's THD layout: K and V in one array (T2HD) or Q, K and V in one (T3HD)
+THD_LAYOUTS = {None: "THD_THD_THD", "kv": "THD_T2HD", "qkv": "T3HD"}
 
 
 def _row(row_id, label, layout, **kw):
@@ -92,6 +95,11 @@ ROWS: list[dict] = [
     # "causal, no window" spelled (-1, 0): TE's striped Ring reads the -1 as a bound
     _row("thd-window-none", "THD, PADDING_CAUSAL_MASK, window (-1, 0)", "THD", window=(-1, 0)),
     _row("thd-gqa", "THD, PADDING_CAUSAL_MASK, GQA 4:1", "THD", hq=4, hkv=1),
+    # the packed layouts (TE names the QKV one T3HD): the arrays are stacked inside the
+    # differentiated step, so TE gets one KV (or QKV) tensor and the gradients come back per
+    # q, k and v as for the other rows
+    _row("thd-t2hd", "THD_T2HD, PADDING_CAUSAL_MASK", "THD", packing="kv"),
+    _row("thd-t3hd", "T3HD, PADDING_CAUSAL_MASK", "THD", packing="qkv"),
     _row(
         "thd-off-by-one",
         "THD, PADDING_CAUSAL_MASK, OFF_BY_ONE_SOFTMAX",
@@ -290,12 +298,31 @@ def _reorders(strategy, stripe):
     would compile them again.
     """
     _, te_attention = _te()
+    placement = dict(strategy=strategy, cp_size=CP, seq_dim=1, stripe_size=stripe)
     return (
-        jax.jit(lambda a: te_attention.reorder_causal_load_balancing(a, strategy, CP, 1, stripe)),
-        jax.jit(
-            lambda a: te_attention.inverse_reorder_causal_load_balancing(a, strategy, CP, 1, stripe)
-        ),
+        jax.jit(lambda a: te_attention.reorder_causal_load_balancing(a, **placement)),
+        jax.jit(lambda a: te_attention.inverse_reorder_causal_load_balancing(a, **placement)),
     )
+
+
+def packed(q, k, v, packing: str | None) -> tuple:
+    """The ``qkv`` tuple TE's layout takes: ``(q, k, v)``, ``(q, kv)`` or ``(qkv,)``, stacked on
+    a new axis before the heads (``[b, t, 2, h, d]``, ``[b, t, 3, h, d]``).
+
+    Args:
+        q: Queries ``[b, t, h, d]``.
+        k: Keys ``[b, t, h_kv, d]``.
+        v: Values, shaped like ``k``.
+        packing: ``None``, ``"kv"`` or ``"qkv"`` (a row's ``packing``).
+
+    Returns:
+        The tuple for ``fused_attn``'s first argument.
+    """
+    if packing == "kv":
+        return (q, jnp.stack([k, v], axis=2))
+    if packing == "qkv":
+        return (jnp.stack([q, k, v], axis=2),)
+    return (q, k, v)
 
 
 def compute_cell(row: dict, column: str) -> dict:
@@ -326,7 +353,7 @@ def compute_cell(row: dict, column: str) -> dict:
             "note": "BSHD load-balances with DualChunkSwap; stripe_size applies to THD only",
         }
     x = _inputs(row)
-    layout = te_attention.QKVLayout.THD_THD_THD if thd else te_attention.QKVLayout.BSHD_BSHD_BSHD
+    layout = te_attention.QKVLayout[THD_LAYOUTS[row["packing"]] if thd else "BSHD_BSHD_BSHD"]
     kw = dict(
         attn_bias_type=te_attention.AttnBiasType.POST_SCALE_BIAS
         if row["bias"]
@@ -365,7 +392,7 @@ def compute_cell(row: dict, column: str) -> dict:
             def loss(q, k, v):
                 out = call_fused_attn(
                     te_attention,
-                    (q, k, v),
+                    packed(q, k, v, row["packing"]),
                     desc,
                     bias=bias,
                     seed=seed,
@@ -512,7 +539,10 @@ def main(argv=None) -> int:
     ):  # recompute some rows of the stored record, keep the others
         stored = json.loads(args.out.read_text(encoding="utf-8"))
         fresh = {r["id"]: r for r in record["rows"]}
-        stored["rows"] = [fresh.get(r["id"], r) for r in stored["rows"]]
+        kept = {r["id"]: r for r in stored["rows"]}
+        stored["rows"] = [
+            fresh.get(r["id"]) or kept[r["id"]] for r in ROWS if r["id"] in fresh or r["id"] in kept
+        ]
         stored["counts"] = counts(stored)
         record = stored
     args.out.parent.mkdir(parents=True, exist_ok=True)
