@@ -44,10 +44,11 @@ def lint(path: Path, fix: bool) -> list[str]:
     """Problems in ``path``'s code cells (after formatting them, with ``fix``).
 
     Each cell is formatted on its own; the cells are checked together, in order, as the kernel
-    runs them (a name one cell defines is used by the next).
+    runs them (a name one cell defines is used by the next). A cell tagged ``standalone`` is a
+    program of its own (a reader pastes it into a fresh Python), so it is checked alone.
     """
     text = path.read_text()
-    problems, pieces, cells, last = [], [], [], 0
+    problems, pieces, cells, alone, last = [], [], [], [], 0
     for k, m in enumerate(CELL.finditer(text), start=1):
         head, code, tail = m.group(1), m.group(2), m.group(3)
         name = f"{path.name}:cell{k}"
@@ -65,20 +66,15 @@ def lint(path: Path, fix: bool) -> list[str]:
             new = formatted.stdout.rstrip("\n")
             if new != code and not fix:
                 problems.append(f"{name}: not formatted (python devtools/lint_notebooks.py --fix)")
-        cells.append(f"# {name}\n{new}\n")
+        (alone if "standalone" in head else cells).append((name, f"# {name}\n{new}\n"))
         pieces += [text[last : m.start()], head, new, tail]
         last = m.end()
     pieces.append(text[last:])
-    check = _ruff(
-        "check",
-        "--quiet",
-        "--output-format",
-        "concise",
-        source="\n".join(cells),
-        name=path.with_suffix(".py").name,
-    )
-    if check.returncode != 0:
-        problems += [line for line in check.stdout.splitlines() if line.strip()]
+    programs = [(path.with_suffix(".py").name, "\n".join(c for _, c in cells))]
+    for name, source in programs + [(f"{name}.py", c) for name, c in alone]:
+        check = _ruff("check", "--quiet", "--output-format", "concise", source=source, name=name)
+        if check.returncode != 0:
+            problems += [line for line in check.stdout.splitlines() if line.strip()]
     if fix:
         path.write_text("".join(pieces))
     return problems
