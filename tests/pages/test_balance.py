@@ -53,6 +53,9 @@ def test_table():
     assert text.count("\n| ") == 3 * (5 + 1)  # its header's rule and a row per layout
     first = text.split("**", 3)[2]
     assert "\n| striped 1 | 1.0" in first  # within 10% of perfect balance
+    device = balance_table(counts, per_strategy=False)._repr_markdown_()
+    assert "| layout | max/mean | tile eff. |" in device and "Ring" not in device
+    assert device.count("\n| ") == text.count("\n| ")  # the same rows, two columns fewer
     with pytest.raises(ValueError, match="count_layouts"):
         balance_table({})
     no_tiles = count_layouts(get_workload("tiny"), tile=None)

@@ -87,14 +87,17 @@ def count_layouts(
 class BalanceTable:
     """The balance and tile-efficiency figures of :func:`count_layouts`, as a Markdown table."""
 
-    # short headings, so that the table fits the page's column; chapter 4 spells them out
+    # short headings, so that the table fits the page's column; the chapters spell them out
     # (AG = AllGather; Ring steps = Ring's lock-stepped steps; tile eff. = tile efficiency)
     HEADER = (
         "| layout | AG max/mean | Ring steps/mean | AG tile eff. | Ring tile eff. |\n"
         "|---|---|---|---|---|"
     )
+    # before the strategies are introduced: one kernel call over all of a device's keys
+    DEVICE_HEADER = "| layout | max/mean | tile eff. |\n|---|---|---|"
 
-    def __init__(self, counts: Mapping[str, Mapping[str, WorkCount]]):
+    def __init__(self, counts: Mapping[str, Mapping[str, WorkCount]], per_strategy=True):
+        self.per_strategy = per_strategy
         self.rows = [
             (
                 scenario,
@@ -111,22 +114,40 @@ class BalanceTable:
     def markdown(self) -> str:
         """One short table per packing (tile efficiencies are the model's)."""
         out = []
+        header = self.HEADER if self.per_strategy else self.DEVICE_HEADER
         for packing in dict.fromkeys(row[0] for row in self.rows):
             lines = [
                 f"| {lab} | {ag:.2f} | {ring:.2f} | {tag:.2f} | {tring:.2f} |"
+                if self.per_strategy
+                else f"| {lab} | {ag:.2f} | {tag:.2f} |"
                 for s, lab, ag, ring, tag, tring in self.rows
                 if s == packing
             ]
-            out.append(f"**{packing}**\n\n" + self.HEADER + "\n" + "\n".join(lines))
+            out.append(f"**{packing}**\n\n" + header + "\n" + "\n".join(lines))
         return "\n\n".join(out)
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
 
 
-def balance_table(counts: Mapping[str, Mapping[str, WorkCount]]) -> BalanceTable:
+def balance_table(
+    counts: Mapping[str, Mapping[str, WorkCount]], *, per_strategy: bool = True
+) -> BalanceTable:
     """Per packing and layout: AllGather's slowest device / mean, Ring's sum of per-step
-    slowest / mean (1.00 = perfect balance), and the tile efficiency of each (a model)."""
+    slowest / mean (1.00 = perfect balance), and the tile efficiency of each (a model).
+
+    Args:
+        counts: :func:`count_layouts`' result, counted with tiles.
+        per_strategy: ``False`` keeps the two columns that need no CP strategy: the slowest
+            device / mean and the tile efficiency of one kernel call over all of a device's
+            keys (AllGather's figures, for chapter 4, before the strategies are introduced).
+
+    Returns:
+        The table; it displays as Markdown in a notebook.
+
+    Raises:
+        ValueError: ``counts`` is empty or was counted without tiles.
+    """
     if not counts or not all(counts.values()):
         raise ValueError(
             "counts must map each packing to {layout: WorkCount}; use count_layouts()."
@@ -137,4 +158,4 @@ def balance_table(counts: Mapping[str, Mapping[str, WorkCount]]) -> BalanceTable
                 raise ValueError(
                     f"counts entry {label!r} needs tile counts: count_work(..., tile=(128, 128))."
                 )
-    return BalanceTable(counts)
+    return BalanceTable(counts, per_strategy)
