@@ -631,10 +631,17 @@ def _te_dir() -> Path:
     )
 
 
+def _gpu_pages() -> str:
+    """The GPU pages' text: docs/gpu.md and its appendix, docs/gpu_offline_install.md."""
+    return "\n".join(
+        (ROOT / "docs" / name).read_text() for name in ("gpu.md", "gpu_offline_install.md")
+    )
+
+
 def test_gpu_page_names_only_environment_variables_that_te_or_this_project_reads():
-    """Finding 11: every variable docs/gpu.md names occurs in the installed TE or in this
+    """Finding 11: every variable the GPU pages name occurs in the installed TE or in this
     project."""
-    text = (ROOT / "docs" / "gpu.md").read_text()
+    text = _gpu_pages()
     names = set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b", text))
     assert "NVTE_CUDA_INCLUDE_PATH" not in names  # read by nothing
     assert {"TUTORIAL_TE_BACKEND", "CPLUS_INCLUDE_PATH", "NVTE_FRAMEWORK"} <= names
@@ -644,11 +651,11 @@ def test_gpu_page_names_only_environment_variables_that_te_or_this_project_reads
         + (ROOT / "Makefile").read_text()
     )
     missing = sorted(n for n in names if n not in corpus)
-    assert not missing, f"docs/gpu.md names variables nothing reads: {missing}"
+    assert not missing, f"the GPU pages name variables nothing reads: {missing}"
 
 
 def test_gpu_page_covers_both_cudas_both_pythons_and_cudnn_headers():
-    text = (ROOT / "docs" / "gpu.md").read_text()
+    text = _gpu_pages()
     for needle in (
         "CUDA 12",
         "CUDA 13",
@@ -672,7 +679,7 @@ def test_gpu_page_covers_both_cudas_both_pythons_and_cudnn_headers():
 
 
 def test_gpu_page_states_the_step_limits_the_code_uses():
-    text = (ROOT / "docs" / "gpu.md").read_text()
+    text = (ROOT / "docs" / "gpu_offline_install.md").read_text()
     stated = {
         name: int(sec)
         for name, sec in re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, flags=re.M)

@@ -530,7 +530,7 @@ HANDLED: dict[str, object] = {
         "the suite runs tests/cli/test_launch.py"
     ),
     # ---- docs/installation.md (same make targets as README)
-    # ---- docs/gpu.md
+    # ---- docs/gpu.md and its appendix, docs/gpu_offline_install.md
     "pip install --no-deps -e .": Run(
         "pip's --dry-run: resolves and builds the metadata, installs nothing",
         append=("--dry-run",),
@@ -547,9 +547,6 @@ HANDLED: dict[str, object] = {
     "export CP_TUTORIAL_PRESET=seed": Shell("sets a variable only"),
     "export TUTORIAL_TE_BACKEND=te": Shell("sets a variable only"),
     "python -m tutorial_utils.cli.bench": Parse(_GPU),
-    "python -m tutorial_utils.cli.bench --stripes 1,128,512 --windows 8192,-1 --iters 5 --warmup 2": Parse(  # noqa: E501 (the command as the page shows it)
-        _GPU, expect={"iters": 5, "warmup": 2}
-    ),
     "python -m tutorial_utils.cli.bench --preset seed --emulate-ranks 4": Parse(
         "takes the link speed from the GPU's profile: a GPU node",
         expect={"emulate_ranks": 4, "preset": "seed"},
@@ -568,6 +565,11 @@ HANDLED: dict[str, object] = {
         "builds TE's extension against CUDA headers: a GPU node; the inner gpu_setup call is"
         " parsed, the line bash -n checked",
         inner=["tutorial_utils.cli.gpu_setup", "build-includes"],
+    ),
+    "export LD_LIBRARY_PATH=$(python -m tutorial_utils.cli.gpu_setup library-path)": Parse(
+        "a GPU node with a system CUDA toolkit; the inner gpu_setup call is parsed, the line"
+        " bash -n checked",
+        inner=["tutorial_utils.cli.gpu_setup", "library-path"],
     ),
     "make gpu-bundle GPU_CUDA=12 GPU_PYTHON=3.11": MakeDry(
         "downloads CUDA wheels", ("gpu_setup bundle", "--cuda 12", "--python-version 3.11")
