@@ -5,7 +5,7 @@ sources), as ``make lint`` formats them (ruff, 88 columns):
 
 * at most 1,400 reader-visible lines in all and 270 in any one chapter (non-blank,
   non-comment lines of cells that are not hidden with ``hide-input``, ``remove-input`` or
-  ``remove-cell``);
+  ``remove-cell``), the ``standalone`` cell at each chapter's end apart, at most 80 lines;
 * no line of any code cell wider than 88 characters, the width of the code box;
 * no imported name that the chapter does not use;
 * no function defined on two chapter pages (a helper shared by chapters lives in the package);
@@ -21,6 +21,7 @@ from site_pages import chapter_sources
 
 ALL_CHAPTERS = chapter_sources()
 BUDGET, CHAPTER_BUDGET = 1400, 270
+STANDALONE, STANDALONE_BUDGET = "standalone", 80
 WIDTH = 88
 HIDDEN = ("hide-input", "remove-input", "remove-cell")
 
@@ -35,11 +36,12 @@ def cells(path: Path):
         yield " ".join(options), lines
 
 
-def visible_lines(path: Path) -> int:
+def visible_lines(path: Path, *, standalone: bool = False) -> int:
+    """Reader-visible code lines of the teaching cells, or of the ``standalone`` cell."""
     return sum(
         1
         for opts, lines in cells(path)
-        if not any(t in opts for t in HIDDEN)
+        if not any(t in opts for t in HIDDEN) and (STANDALONE in opts) == standalone
         for line in lines
         if line.strip() and not line.strip().startswith("#")
     )
@@ -52,6 +54,13 @@ def test_the_chapters_show_a_bounded_amount_of_formatted_code():
         f"{sum(counts.values())} visible code lines > {BUDGET}: {counts}"
     )
     assert max(counts.values()) <= CHAPTER_BUDGET, counts
+
+
+def test_each_standalone_cell_is_short():
+    """The paste-able cell at a chapter's end repeats its imports and inputs, so it is
+    counted apart from the teaching code, with a cap of its own."""
+    counts = {p.stem: visible_lines(p, standalone=True) for p in ALL_CHAPTERS}
+    assert max(counts.values()) <= STANDALONE_BUDGET, counts
 
 
 @pytest.mark.parametrize("path", ALL_CHAPTERS, ids=lambda p: p.stem)
