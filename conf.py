@@ -40,17 +40,19 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 import api_pages  # noqa: E402  (devtools/: the API pages, from what a reader copies)
 import docs_execute  # noqa: E402  (devtools/: runs the notebooks side by side, then reports)
+import xla_flags  # noqa: E402  (devtools/: the compile flags the test run uses too)
 
 from tutorial_utils.gpu import gpu_present  # noqa: E402  (imports no JAX)
 from tutorial_utils.pages import run_status  # noqa: E402  (imports no JAX)
 
 if not gpu_present():
-    # Four simulated CPU devices: enough for a cp=4 mesh on a laptop. XLA's lowest backend
-    # optimisation level: at the chapters' sizes compiling is most of a page's time (chapter 7
-    # builds in about 70% of the time at level 0), and the attention itself is the compiled
-    # stand-in kernel, which XLA's level does not touch. Every record names the flags it ran with.
+    # Four simulated CPU devices: enough for a cp=4 mesh on a laptop. Cheaper compiles
+    # (devtools/xla_flags.py): at the chapters' sizes compiling is most of a page's time, and the
+    # attention itself is the compiled stand-in kernel, which these flags do not touch. Every
+    # record names the flags it ran with.
     os.environ.setdefault(
-        "XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+        "XLA_FLAGS",
+        f"--xla_force_host_platform_device_count=4 {xla_flags.fast_compile_flags()}",
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
