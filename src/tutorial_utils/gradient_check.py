@@ -56,6 +56,14 @@ LIKELY_CAUSES = (
 )
 
 
+@jax.jit
+def _squared_norms(ours, theirs):
+    """Per leaf, ``||a - b||^2`` and ``||b||^2`` in float32: one compiled program per tree."""
+    f32 = jnp.float32
+    diffs = jnp.stack([jnp.sum((a.astype(f32) - b.astype(f32)) ** 2) for a, b in zip(ours, theirs)])
+    return diffs, jnp.stack([jnp.sum(b.astype(f32) ** 2) for b in theirs])
+
+
 def gradients_rel_l2(grads, reference) -> float:
     """One relative L2 error for all the gradients of a model together.
 
@@ -88,8 +96,8 @@ def gradients_rel_l2(grads, reference) -> float:
             f"{jnp.shape(bad[1])}: compare the gradients in the same layout (undo a reorder or "
             "a sharding first)."
         )
-    diff = sum(float(jnp.sum((jnp.float32(a) - jnp.float32(b)) ** 2)) for a, b in leaves)
-    norm = sum(float(jnp.sum(jnp.float32(b) ** 2)) for _, b in leaves)
+    diffs, norms = _squared_norms(*zip(*leaves))
+    diff, norm = float(np.sum(np.float64(diffs))), float(np.sum(np.float64(norms)))
     if norm == 0.0:
         raise ValueError(
             "the reference gradients are all zero, so there is nothing to measure against: "
