@@ -5,7 +5,9 @@ optax and ``transformer_engine``, builds its own inputs, does the chapter's job 
 itself. The landing page's first code cell not tagged ``remove-cell`` is the complete CP
 call, held to the same rule.
 Each such cell is written to a file alone and run through ``python -m tutorial_utils.te_on_cpu
---devices 4``, as a reader without a GPU would run it.
+--devices 4``, as a reader without a GPU would run it. A chapter's cell is also tagged
+``skip-execution``: it repeats the chapter's job from scratch, so the site build shows it
+without running it again (its compiles were a sixth of the build's CPU), and this test runs it.
 """
 
 import ast
@@ -66,6 +68,9 @@ PAGES = [*chapter_sources(), ROOT / "index.md"]
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.stem)
 def test_the_page_has_one_standalone_cell_with_a_readers_imports(path):
     assert not foreign_imports(standalone_cell(path)), path.name
+    options = [opts for opts, _ in code_cells(path) if TAG in opts]
+    # a chapter's is shown, not run, by the build; the landing page's call shows its output
+    assert ("skip-execution" in options[0]) == (path.name != "index.md"), options
 
 
 @pytest.mark.slow
