@@ -118,7 +118,8 @@ def allgather_attention_shard(
         pos_kv: Their positions.
         axis_name: The CP mesh axis.
         kernel: ``kernel(q, k, v, ids_q, ids_kv, pos_q, pos_kv) -> (out, lse)``.
-        inverse_perm: Undoes the load-balancing reorder on the gathered sequence, or ``None``.
+        inverse_perm: Undoes the load-balancing reorder on the gathered sequence, or
+            ``None``.
 
     Returns:
         The local output, ``[b, s/cp, hq, d]``.
