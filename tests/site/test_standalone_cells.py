@@ -82,6 +82,11 @@ def test_the_standalone_cell_runs_alone_through_the_runner(path, tmp_path):
     assert proc.returncode == 0, f"{path.name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
+def test_the_landing_pages_call_is_thirty_lines_at_most_within_88_columns():
+    lines = [line for line in standalone_cell(ROOT / "index.md").strip().splitlines()]
+    assert len(lines) <= 30 and max(map(len, lines)) <= 88, (len(lines), max(map(len, lines)))
+
+
 def test_the_import_rule_flags_a_tutorial_import():
     code = "import jax\nfrom tutorial_utils import model\nimport numpy as np\nfrom . import x\n"
     assert foreign_imports(code) == [".", "tutorial_utils"]
