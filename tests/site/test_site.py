@@ -257,7 +257,7 @@ def browser(built_site):
 
 # --------------------------------------------------------------------------- crawl
 
-_IMAGES_JS = """
+_IMAGES_JS = r"""
 async () => {
   const imgs = Array.from(document.images);
   await Promise.all(imgs.map(img => {
@@ -267,10 +267,40 @@ async () => {
     img.addEventListener('error', resolve); });
   }));
   const article = document.querySelector('article') || document.body;
-  return imgs.map(img => ({
-    src: img.currentSrc || img.src,
-    width: img.naturalWidth,
-    inArticle: article.contains(img),
+  // An SVG figure's smallest text as displayed: the SVG is drawn again, off screen, at the
+  // <img>'s displayed size, and each <text>'s font size is scaled by its screen transform.
+  const smallestSvgText = async (img, shownWidth) => {
+    try {
+      const doc = new DOMParser().parseFromString(
+        await (await fetch(img.currentSrc || img.src)).text(), 'image/svg+xml');
+      const svg = document.importNode(doc.documentElement, true);
+      const box = document.createElement('div');
+      box.style.cssText = 'position:absolute;left:-20000px;top:0;width:' + shownWidth + 'px';
+      svg.setAttribute('width', shownWidth + 'px');
+      svg.removeAttribute('height');
+      box.appendChild(svg);
+      document.body.appendChild(box);
+      const sizes = Array.from(svg.querySelectorAll('text')).filter(t => t.textContent.trim())
+        .map(t => { const m = t.getScreenCTM();
+          const scale = Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+          return parseFloat(getComputedStyle(t).fontSize) * scale; });
+      box.remove();
+      return {texts: sizes.length, smallest: sizes.length ? Math.min(...sizes) : null};
+    } catch (e) { return {texts: 0, smallest: null, error: String(e)}; }
+  };
+  return Promise.all(imgs.map(async img => {
+    const src = img.currentSrc || img.src;
+    const shown = img.getBoundingClientRect().width;
+    const isSvg = /\.svg([?#]|$)/i.test(src);
+    return {
+      src,
+      width: img.naturalWidth,
+      inArticle: article.contains(img),
+      figure: article.contains(img) && /\/_images\//.test(src),
+      shownWidth: shown,
+      alt: img.getAttribute('alt') || '',
+      svgText: isSvg && shown > 0 ? await smallestSvgText(img, shown) : null,
+    };
   }));
 }
 """
@@ -789,6 +819,92 @@ def test_the_number_check_fails_on_a_number_split_at_its_hyphen(browser, tmp_pat
     assert flagged == ["broken number: '2.22-2.34x'", "broken number: '4.0e-03'"], flagged
 
 
+MIN_FIGURE_TEXT_PX = 10  # a figure's smallest text, as displayed at 1280 px
+MIN_PNG_DENSITY = 2  # a PNG's pixels per displayed pixel
+_FILE_LIKE = re.compile(r"^\S*[/\\]\S*$|\.(?:png|svg|jpe?g|gif)$", re.IGNORECASE)
+
+
+def figure_problems(pages: dict) -> dict:
+    """Per page, the article's figures that a reader cannot read or a screen reader cannot name:
+    an SVG whose smallest text shows under ``MIN_FIGURE_TEXT_PX`` (or whose text is drawn as
+    paths, so no size can be read), a PNG with fewer than ``MIN_PNG_DENSITY`` pixels per
+    displayed pixel, and alt text that is empty, a file path or a single word."""
+    problems = {}
+    for rel, res in pages.items():
+        found = []
+        for img in res.images:
+            if not img.get("figure") or not img.get("shownWidth"):
+                continue
+            name = img["src"].rsplit("/", 1)[-1][:16]
+            svg = img.get("svgText")
+            if svg is not None:
+                if not svg["texts"]:
+                    found.append(f"{name}: SVG without <text> (text as paths, or unreadable)")
+                elif svg["smallest"] < MIN_FIGURE_TEXT_PX:
+                    found.append(f"{name}: smallest text {svg['smallest']:.1f} px")
+            elif img["width"] < MIN_PNG_DENSITY * img["shownWidth"]:
+                found.append(
+                    f"{name}: {img['width']} px shown at {img['shownWidth']:.0f} px"
+                    f" (under {MIN_PNG_DENSITY}x)"
+                )
+            alt = img.get("alt", "").strip()
+            if not alt or _FILE_LIKE.search(alt) or len(alt.split()) < 3:
+                found.append(f"{name}: alt text {alt[:40]!r} does not describe the figure")
+        if found:
+            problems[rel] = found
+    return problems
+
+
+def test_figures_are_sharp_readable_and_described(crawl):
+    problems = figure_problems(crawl.pages)
+    assert not problems, "figures too small to read or without alt text:\n" + _format(problems)
+
+
+def test_the_figure_check_fails_on_a_blurry_png_a_tiny_font_and_a_path_alt(browser, tmp_path):
+    """The figure check can fail: a PNG shown at its own width, an SVG whose 8-unit text is
+    shown at full size (8 px) and a path as alt text are flagged; an SVG with 12-unit text at
+    full size and a described 2x PNG are not."""
+    html = tmp_path / "html"
+    images = html / "_images"
+    images.mkdir(parents=True)
+    (html / "_static").symlink_to(HTML / "_static", target_is_directory=True)
+    svg = (
+        "<svg xmlns='http://www.w3.org/2000/svg' width='400' height='100'"
+        " viewBox='0 0 400 100'><text x='10' y='50' style='font: {}px sans-serif'>ab</text></svg>"
+    )
+    (images / "tiny.svg").write_text(svg.format(8))
+    (images / "fine.svg").write_text(svg.format(12))
+    # a 1x1 PNG: stretched to 200 px it is blurry, and at 0.5 px it is dense enough
+    png = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360f8cfc0000003010100c9fe92ef0000000049454e44ae426082"
+    )
+    (images / "blurry.png").write_bytes(png)
+    page = (HTML / f"{CHAPTERS[0]}.html").read_text(encoding="utf-8")
+    alt = "alt='A bar for each device'"
+    injected = (
+        f"<img src='../_images/tiny.svg' {alt} style='width:400px'>"
+        "<img src='../_images/fine.svg' alt='../_images/fine.svg' style='width:400px'>"
+        f"<img src='../_images/blurry.png' {alt} style='width:200px'>"
+        f"<img src='../_images/blurry.png' {alt} style='width:0.5px'>"
+    )
+    at = page.index("</article>")
+    (html / "notebooks").mkdir()
+    (html / f"{CHAPTERS[0]}.html").write_text(page[:at] + injected + page[at:], encoding="utf-8")
+    with serve(html) as base:
+        pages = crawl_pages(browser, base, html, artifacts=None).pages
+    flagged = [
+        p
+        for p in figure_problems(pages).get(f"{CHAPTERS[0]}.html", [])
+        if p.split(":")[0] in ("tiny.svg", "fine.svg", "blurry.png")
+    ]
+    assert flagged == [
+        "tiny.svg: smallest text 8.0 px",
+        "fine.svg: alt text '../_images/fine.svg' does not describe the figure",
+        "blurry.png: 1 px shown at 200 px (under 2x)",
+    ], flagged
+
+
 def test_run_status_box_on_the_landing_page_and_every_chapter(crawl):
     """The generated box (pages.run_status) is on each chapter that was built, new ones included."""
     from tutorial_utils.pages import run_status
@@ -1126,6 +1242,7 @@ def main(argv: list[str]) -> int:
         ("outputs and tables wider than their box", wide_boxes(pages, _output_or_table), True),
         ("numbers split over two lines in tables", number_problems(pages), True),
         ("MyST markup shown as text", markup_problems(pages), True),
+        ("figures: text under 10 px, PNG under 2x, alt text", figure_problems(pages), True),
         (
             "word budgets",
             {"": word_budget_problems(pages)} if word_budget_problems(pages) else {},

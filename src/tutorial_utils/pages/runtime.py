@@ -22,6 +22,7 @@ import jax
 
 from tutorial_utils import te_on_cpu
 from tutorial_utils.gpu import gpu_present, preload_te_libraries
+from tutorial_utils.pages.plots.style import use_page_figures
 
 __all__ = ["setup_devices", "gpu_present", "backend_line", "environment_record"]
 
@@ -31,6 +32,9 @@ _FLAG = "--xla_force_host_platform_device_count"
 def setup_devices(num_cpu_devices: int = 4) -> None:
     """Give JAX ``num_cpu_devices`` simulated CPU devices unless a GPU is present, and, on
     CPU, load TE's JAX code with the stand-in kernel (:mod:`tutorial_utils.te_on_cpu`).
+
+    In a notebook it also shows figures as SVG sized for the page
+    (:func:`tutorial_utils.pages.plots.style.use_page_figures`).
 
     Must run before the first ``import jax``; raises if JAX is already initialised with
     fewer devices, because silently running CP on one device would teach nothing. A device
@@ -43,6 +47,7 @@ def setup_devices(num_cpu_devices: int = 4) -> None:
     """
     if not isinstance(num_cpu_devices, int) or num_cpu_devices < 1:
         raise ValueError(f"num_cpu_devices must be a positive int, got {num_cpu_devices!r}.")
+    use_page_figures()  # in a notebook: SVG figures sized for the page
     if gpu_present():
         preload_te_libraries()  # for the page's `import transformer_engine.jax`
         return

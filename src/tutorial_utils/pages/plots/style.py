@@ -4,9 +4,17 @@ matplotlib is imported on first use, by :func:`load_matplotlib` (the one place i
 ``tutorial_utils.pages.plots`` that imports it): it is an optional dependency (the ``docs``
 extra, not the package's own requirements), so the installed package, the API reference and
 the figure-free helpers (``result_labels``, ``record_speedup``) import without it.
+``matplotlib_inline`` (IPython's figure display) is imported by :func:`use_page_figures`, only
+inside a running IPython kernel.
+
+Sizes: a page's column is about 690 px wide at a 1280 px window, and an SVG figure is shown at
+its own size (1 pt = 4/3 px) or shrunk to the column. A figure at most ``MAX_FIGURE_WIDTH_IN``
+wide is shown at its own size, so its text of 7.5 pt or more shows at 10 px or more.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -14,6 +22,35 @@ from .checks import nonnegative_int, positive_int
 
 #: Colour of padding tokens (segment id 0) in every figure.
 PAD_COLOR = "#d9d9d9"
+
+#: The widest figure shown at its own size in the page's column (about 690 px at 1280 px).
+MAX_FIGURE_WIDTH_IN = 7.0
+
+#: matplotlib settings for every page's figures: SVG text stays text (crisp, searchable, and
+#: measurable by the site test), and figures drawn without a size fit the column.
+PAGE_RC = {
+    "svg.fonttype": "none",
+    "figure.figsize": (MAX_FIGURE_WIDTH_IN, 3.2),
+    "font.size": 10,
+    "legend.fontsize": 9,
+}
+
+
+def use_page_figures() -> None:
+    """Show this IPython kernel's figures as SVG, text kept as text, in :data:`PAGE_RC`'s sizes.
+
+    Does nothing outside IPython or without matplotlib (the ``docs`` extra), so a command-line
+    tool that sets up devices the same way imports no plotting package.
+    """
+    ipython = sys.modules.get("IPython")
+    if ipython is None or ipython.get_ipython() is None:
+        return
+    try:
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:
+        return
+    load_matplotlib().rcParams.update(PAGE_RC)
+    set_matplotlib_formats("svg")
 
 
 def load_matplotlib():
