@@ -14,7 +14,7 @@ import numpy as np
 
 from tutorial_utils.perfmodel.records import source_title
 
-from .style import load_matplotlib
+from .style import fit_to_column, load_matplotlib
 
 # --------------------------------------------------------------------------------------------
 # chapter 5: the benchmark's bars
@@ -119,7 +119,7 @@ def plot_benchmark(
         _bar_panel(ax, rows, name)
         if rows is pub:
             ax.set_facecolor("#f7f3e8")
-    return fig
+    return fit_to_column(fig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ def plot_record_times(record: Mapping, *, title: str | None = None):
             loc="outside lower right",
             frameon=False,
         )
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_record_speedups(records: Sequence[Mapping], *, title: str | None = None):
@@ -373,4 +373,4 @@ def plot_record_speedups(records: Sequence[Mapping], *, title: str | None = None
             ax.set_facecolor("#f7f3e8")
     if title:
         fig.suptitle(title, fontsize=10)
-    return fig
+    return fit_to_column(fig)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .checks import positive_int
-from .style import load_matplotlib, rank_colors
+from .style import fit_to_column, load_matplotlib, rank_colors
 
 _STRATEGIES = ("ring", "allgather", "ulysses")
 
@@ -131,10 +131,11 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
     colors = rank_colors(cp)
 
     def panels(count):
-        """``count`` square panels, at most three per row, so the text stays legible on a page."""
-        ncols = min(count, 3)
+        """``count`` square panels, at most two per row, so that the figure fits the page's column
+        at its own size and its text shows at 12 px."""
+        ncols = min(count, 2)
         nrows = math.ceil(count / ncols)
-        side = 2.55 if cp <= 4 else 3.4  # more ranks on the circle: larger panels
+        side = 2.55 if cp <= 4 else 3.25  # more ranks on the circle: larger panels
         fig, grid = plt.subplots(
             nrows,
             ncols,
@@ -201,7 +202,7 @@ def plot_comm_steps(strategy: str, cp_size: int, *, schedule: str = "te", title:
         _ring_discs(ax, xy, radius)
         for p0, p1, color, label, rad in arrows:
             _arrow(ax, p0, p1, color, label, rad=rad, gap=radius + 0.03)
-    return fig
+    return fit_to_column(fig)
 
 
 def _tensor_group(tensor: str) -> str:
@@ -282,4 +283,4 @@ def plot_comm_bytes(volumes, *, unit: str = "MiB", title: str | None = None):
     # outside the axes: inside, it covered the tallest bar's label
     ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or "Bytes each rank receives per forward and backward pass", fontsize=10)
-    return fig
+    return fit_to_column(fig)

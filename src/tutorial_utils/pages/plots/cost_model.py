@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .style import load_matplotlib
+from .style import fit_to_column, load_matplotlib
 
 _PUBLISHED_LABEL = "published (TE tutorial, 4xGB200)"
 _PUBLISHED_STYLE = dict(marker="*", s=110, color="black", zorder=5)
@@ -81,7 +81,7 @@ def plot_time_breakdown(predictions, *, published=None, title: str | None = None
         fontsize=10,
     )
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_speedup_sweep(
@@ -192,7 +192,7 @@ def plot_speedup_sweep(
         ncol=2,
         frameon=False,
     )
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_break_even_bands(
@@ -285,4 +285,4 @@ def plot_break_even_bands(
     where = f"{sweep.get('cp_size')} x {_short_gpu(sweep.get('hardware', ''))}"
     ax.set_title(title or f"Model prediction, {where}", fontsize=11)
     fig.legend(handles=handles, fontsize=10, loc="outside lower center", ncol=2, frameon=False)
-    return fig
+    return fit_to_column(fig)

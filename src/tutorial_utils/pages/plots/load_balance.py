@@ -12,7 +12,7 @@ import numpy as np
 from tutorial_utils.perfmodel.workcount import LAYOUTS, local_token_order
 
 from .checks import positive_int
-from .style import annotate_heatmap, load_matplotlib, rank_colors, segment_cmap
+from .style import annotate_heatmap, fit_to_column, load_matplotlib, rank_colors, segment_cmap
 
 
 def _layout_spec(item) -> tuple[str, int, str]:
@@ -143,7 +143,7 @@ def plot_token_ownership(
         frameon=False,
     )
     fig.suptitle(title or f"Which rank holds each token (seq_len={s}, cp={cp})", fontsize=10)
-    return fig
+    return fit_to_column(fig)
 
 
 def _square_matrices(pair_matrices) -> tuple[list, list, int]:
@@ -230,4 +230,4 @@ def plot_rank_work(pair_matrices, *, title: str | None = None):
     ax.set_xticks(range(cp), [f"rank {r}" for r in range(cp)], fontsize=10)
     ax.set_title("pairs per rank / mean over ranks (1.00 = perfectly balanced)", fontsize=10)
     fig.suptitle(title or "Visible query-key pairs per rank (per query head)", fontsize=11)
-    return fig
+    return fit_to_column(fig)

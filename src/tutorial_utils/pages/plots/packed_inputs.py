@@ -14,7 +14,14 @@ from tutorial_utils.reference import MaskSpec, visibility
 from tutorial_utils.validation import check_gqa_heads, check_window
 
 from .checks import ids_pos_row, int_rows, positive_int
-from .style import PAD_COLOR, load_matplotlib, segment_cmap, segment_colors, shade_padding
+from .style import (
+    PAD_COLOR,
+    fit_to_column,
+    load_matplotlib,
+    segment_cmap,
+    segment_colors,
+    shade_padding,
+)
 
 #: The longest row a mask picture draws (a [seq, seq] image).
 _MAX_MASK_TOKENS = 4096
@@ -82,7 +89,7 @@ def plot_ids_and_positions(segment_ids, segment_pos, *, row: int = 0, title: str
     ax_pos.set_xlim(-0.5, s - 0.5)
     ax_pos.legend(loc="upper left", fontsize=9, ncol=min(n_seg + 1, 6), frameon=False)
     fig.suptitle(title or f"Batch row {row}: segment ids and positions ({s} tokens)", fontsize=10)
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_attention_mask(
@@ -148,7 +155,7 @@ def plot_attention_mask(
         or f"Attention mask of batch row {row}\n(THD, PADDING_CAUSAL_MASK, window={(left, right)})",
         fontsize=12,
     )
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_batch_and_window(
@@ -199,7 +206,7 @@ def plot_batch_and_window(
         ax.yaxis.label.set_fontsize(10)
     if title:
         fig.suptitle(title, fontsize=11)
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: str | None = None):
@@ -247,7 +254,7 @@ def plot_gqa_mapping(num_q_heads: int, num_kv_heads: int, *, title: str | None =
         f"(group size {group}: head h reads KV head h // {group})",
         fontsize=9,
     )
-    return fig
+    return fit_to_column(fig)
 
 
 def plot_per_token(
@@ -296,4 +303,4 @@ def plot_per_token(
     ax.legend(loc="upper right", fontsize=9, frameon=False, ncol=len(arrays) + 1)
     if title:
         ax.set_title(title, fontsize=10)
-    return fig
+    return fit_to_column(fig)

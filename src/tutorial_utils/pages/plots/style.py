@@ -23,8 +23,9 @@ from .checks import nonnegative_int, positive_int
 #: Colour of padding tokens (segment id 0) in every figure.
 PAD_COLOR = "#d9d9d9"
 
-#: The widest figure shown at its own size in the page's column (about 690 px at 1280 px).
-MAX_FIGURE_WIDTH_IN = 7.0
+#: The widest figure shown at its own size in the page's column (about 690 px at 1280 px), less
+#: a margin for labels that a tight bounding box adds outside the axes.
+MAX_FIGURE_WIDTH_IN = 6.8
 
 #: matplotlib settings for every page's figures: SVG text stays text (crisp, searchable, and
 #: measurable by the site test), and figures drawn without a size fit the column.
@@ -64,6 +65,16 @@ def load_matplotlib():
     import matplotlib.pyplot
 
     return matplotlib
+
+
+def fit_to_column(fig):
+    """Shrink ``fig`` (width and height alike) to at most :data:`MAX_FIGURE_WIDTH_IN` wide, so that
+    the page shows it at its own size and its text at its own size; returns ``fig``."""
+    width, height = fig.get_size_inches()
+    if width > MAX_FIGURE_WIDTH_IN:
+        scale = MAX_FIGURE_WIDTH_IN / width
+        fig.set_size_inches(width * scale, height * scale)
+    return fig
 
 
 def rank_colors(cp_size: int) -> list:
