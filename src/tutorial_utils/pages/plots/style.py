@@ -58,11 +58,13 @@ def load_matplotlib():
     """The ``matplotlib`` package, with ``pyplot``, ``colors`` and ``patches`` loaded.
 
     Returns:
-        The ``matplotlib`` module: use ``.pyplot``, ``.colors``, ``.patches``, ``.colormaps``.
+        The ``matplotlib`` module: use ``.pyplot``, ``.colors``, ``.patches``, ``.ticker``,
+        ``.colormaps``.
     """
     import matplotlib.colors
     import matplotlib.patches
     import matplotlib.pyplot
+    import matplotlib.ticker
 
     return matplotlib
 
