@@ -47,11 +47,13 @@ GIB_PER_PAGE = 2.5
 # The budgets of a clean build (measured figures in devtools/README.md, "The site build's cost"):
 # XLA programs the pages ask for (compiles + compile-cache hits; the same on any machine), and
 # the pages' CPU seconds as a multiple of devtools/calibrate.py's workload timed in the same run.
-# Measured on 2026-12-04 (2-core machine, clean build): 852 programs; 222 CPU s of pages against
-# a 2.2-2.3 s calibration here (ratio 96) and, on the CI machine, about 215 s against 1.34 s
-# (ratio 160). The budgets leave about a quarter above the larger of each.
+# Measured on 2026-12-04 (2-core machines, clean builds): 852 programs. The CPU ratio moves with
+# the load beside the build (contention inflates the pages' CPU more than the short calibration's):
+# 222 CPU s of pages idle; in a make test run, 304 CPU s against a 1.16 s calibration (ratio 262)
+# with four other busy processes on the two cores. The program count is the precise guard; the
+# ratio catches a page that doubles its CPU. Each budget leaves about a fifth above its worst.
 BUDGET_PROGRAMS = 1050
-BUDGET_CPU_RATIO = 200.0
+BUDGET_CPU_RATIO = 320.0
 STATS_DIR = "page-stats"
 TIMES_FILE = "page-times.json"
 COSTS = Path(__file__).with_name("page_costs.json")
