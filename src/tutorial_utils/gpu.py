@@ -19,7 +19,14 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["gpu_present", "jax_started", "nccl_library", "preload_nccl", "preload_te_libraries"]
+__all__ = [
+    "gpu_present",
+    "jax_started",
+    "nccl_library",
+    "pip_cudnn_home",
+    "preload_nccl",
+    "preload_te_libraries",
+]
 
 
 def jax_started() -> bool:
@@ -128,6 +135,26 @@ def nccl_library(sites: Sequence[str] | None = None) -> Path | None:
     return None
 
 
+def pip_cudnn_home(sites: Sequence[str] | None = None) -> Path | None:
+    """Find pip's cuDNN (``nvidia/cudnn``), the one JAX's CUDA plugin loads.
+
+    TE loads ``$CUDNN_HOME``'s cuDNN first, then a CUDA toolkit's, then ``libcudnn.so`` on the
+    loader path (the system's, through ``ldconfig``), and pip's only last: on a node with an
+    older system cuDNN TE and JAX would run two cuDNNs, and TE's the older one.
+
+    Args:
+        sites: Directories to search, as :func:`nccl_library`.
+
+    Returns:
+        The folder to give TE as ``CUDNN_HOME``, or ``None`` when pip's cuDNN is not installed.
+    """
+    for nv in _nvidia_dirs(sites):
+        for root in (nv / "cudnn", nv / "cu13" / "cudnn", nv / "cu12" / "cudnn"):
+            if any((root / "lib").glob("libcudnn.so.*")):
+                return root
+    return None
+
+
 def preload_nccl(sites: Sequence[str] | None = None) -> str | None:
     """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
 
@@ -165,10 +192,15 @@ def preload_te_libraries(sites: Sequence[str] | None = None) -> list[str]:
     Args:
         sites: Directories to search, as :func:`nccl_library`.
 
+    Unless ``CUDNN_HOME`` is set, it is pointed at pip's cuDNN (:func:`pip_cudnn_home`), so
+    that TE uses the cuDNN JAX uses rather than an older system copy.
+
     Returns:
         The libraries loaded from pip, by path (empty when the loader path had them all or
         pip's CUDA wheels are not installed: TE's own loader then decides).
     """
+    if not os.environ.get("CUDNN_HOME") and (home := pip_cudnn_home(sites)):
+        os.environ["CUDNN_HOME"] = str(home)
     loaded = [lib] if (lib := preload_nccl(sites)) else []
     for stem in _TE_RUNTIME:
         candidates = sorted(

@@ -201,7 +201,10 @@ def check_seqlens_offsets(seqlens, offsets, seq_len: int, name: str = "q") -> No
 
     Why: the kernel pairs the i-th positive length with the i-th non-negative offset, so an
     extra offset (a per-row end offset, say) or overlapping ranges create phantom segments
-    instead of an error. Lengths are padded with 0 or -1, offsets with -1.
+    instead of an error; and cuDNN's backward writes each segment's dK/dV, so key segments
+    that overlap get wrong gradients silently (on an H200 with cuDNN 9.19, up to 216 times
+    TE's bf16 tolerance; ``results/gpu-run/``). Lengths are padded with 0 or -1, offsets
+    with -1.
 
     Args:
         seqlens: ``[batch, max_segments]`` segment lengths.

@@ -226,6 +226,11 @@ def test_ragged_descriptors_reproduce_the_per_token_masks(layout):
                 got = np.zeros((2, len(sub.q_index), len(sub.kv_index)), bool)
                 rows = np.zeros((2, len(sub.q_index)), int)
                 for c in calls:
+                    for b in range(2):  # cuDNN's backward needs a call's runs to share no key
+                        keys = np.zeros(len(sub.kv_index), int)
+                        for n, o in zip(c.kv_seqlens[b], c.kv_offsets[b]):
+                            keys[o : o + n] += n > 0
+                        assert keys.max(initial=0) <= 1
                     vis = B.ragged_visibility(c, len(sub.q_index), len(sub.kv_index))
                     got |= vis
                     rows += vis.any(axis=2)

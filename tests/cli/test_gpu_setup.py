@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from gpu_wheels import make_wheel
 
-from tutorial_utils.cli import gpu_bundle, gpu_install
+from tutorial_utils import gpu
+from tutorial_utils.cli import gpu_bundle, gpu_cuda, gpu_install
 from tutorial_utils.cli import gpu_setup as G
 from tutorial_utils.cli.bench import build_parser as bench_parser
 from tutorial_utils.cli.check import build_parser as check_parser
@@ -389,6 +390,30 @@ def test_the_run_puts_pips_cuda_folders_after_the_path_and_nccl_first(tmp_path):
         f"{site}/nvidia/cudnn/lib",
     ]
     assert G.library_env({}, sites=[str(tmp_path / "none")]) == {}
+
+
+def test_te_gets_pips_cudnn_not_an_older_system_one(tmp_path, monkeypatch):
+    """The H200 image has cuDNN 9.14.0 in ``ldconfig``'s cache and 9.19.0 from pip (JAX's): TE
+    takes ``libcudnn.so`` from the cache unless ``CUDNN_HOME`` names pip's."""
+    listing = (
+        "12 libs found in cache\n"
+        "\tlibcudnn.so.9 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudnn.so.9\n"
+        "\tlibcudnn.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudnn.so\n"
+    )
+    assert gpu_cuda.ldconfig_library("cudnn", listing) == Path(
+        "/usr/lib/x86_64-linux-gnu/libcudnn.so"
+    )
+    assert gpu_cuda.ldconfig_library("cublas", listing) is None
+    site = tmp_path / "site"
+    (site / "nvidia" / "cudnn" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9").write_bytes(b"")
+    home = str(site / "nvidia" / "cudnn")
+    assert G.library_env({}, sites=[str(site)])["CUDNN_HOME"] == home
+    assert G.library_env({"CUDNN_HOME": "/mine"}, sites=[str(site)])["CUDNN_HOME"] == "/mine"
+    assert "CUDNN_HOME" not in G.library_env({}, sites=[str(tmp_path / "none")])
+    monkeypatch.delenv("CUDNN_HOME", raising=False)
+    assert gpu.preload_te_libraries(sites=[str(site)]) == []
+    assert os.environ["CUDNN_HOME"] == home
 
 
 def test_the_loader_branch_follows_a_system_nvrtc_or_curand(tmp_path):

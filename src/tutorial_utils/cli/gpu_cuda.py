@@ -27,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 
 from tutorial_utils.cli.gpu_bundle import MIN_CUDNN, TE_VERSION
-from tutorial_utils.gpu import _nvidia_dirs, _site_dirs, nccl_library
+from tutorial_utils.gpu import _nvidia_dirs, _site_dirs, nccl_library, pip_cudnn_home
 
 __all__ = [
     "jax_cuda_majors",
@@ -192,7 +192,8 @@ def te_library(
 
     TE's own order (``transformer_engine/common/__init__.py``): the system first (``<NAME>_HOME``,
     ``<NAME>_PATH``, ``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda``, searched recursively, no
-    stubs, the highest file name first; then ``lib<name>.so`` on the loader path), then pip's
+    stubs, the highest file name first; then ``lib<name>.so`` on ``LD_LIBRARY_PATH`` or in
+    ``ldconfig``'s cache), then pip's
     wheels in this Python's ``purelib`` only (``nvidia/cu13/<name>/lib``, ``nvidia/cu13/lib``,
     ``nvidia/<name>/lib``, ``nvidia/cuda_<name>/lib``). A library installed elsewhere on
     ``sys.path`` is not found by TE.
@@ -210,6 +211,8 @@ def te_library(
     for folder in [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]:
         if (Path(folder) / f"lib{name}.so").exists():
             return "loader path", Path(folder) / f"lib{name}.so"
+    if (cached := ldconfig_library(name)) is not None:
+        return "loader path", cached
     nv = Path(purelib or sysconfig.get_path("purelib")) / "nvidia"
     for pattern in (
         f"cu13/{name}/lib/lib*.so.*[0-9]",
@@ -221,6 +224,28 @@ def te_library(
         if found:
             main = [p for p in found if p.name.startswith(f"lib{name}.so")]
             return "pip", (main or found)[0]
+    return None
+
+
+def ldconfig_library(name: str, listing: str | None = None) -> Path | None:
+    """``lib<name>.so`` (unversioned, as TE asks for it) in the loader's cache, or ``None``.
+
+    Args:
+        name: the library's name without ``lib`` and ``.so``.
+        listing: ``ldconfig -p``'s output (run when ``None``).
+    """
+    if listing is None:
+        tool = shutil.which("ldconfig") or "/sbin/ldconfig"
+        try:
+            listing = subprocess.run(
+                [tool, "-p"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+    for line in listing.splitlines():
+        soname, _, path = line.strip().partition(" => ")
+        if soname.split(" ")[0] == f"lib{name}.so" and path:
+            return Path(path.strip())
     return None
 
 
@@ -370,13 +395,17 @@ def library_env(
     in a system toolkit (:func:`te_loads_pip_runtime`); on a node with a system ``nvcc`` and
     NVRTC (``CUDA_HOME``, ``/usr/local/cuda``) it does not, and the core library then fails
     with ``libcublas.so.13: cannot open shared object file``. The folders already on the path
-    stay first, so a system copy still wins, as in TE's own order.
+    stay first, so a system copy still wins, as in TE's own order. ``CUDNN_HOME``, unless set,
+    names pip's cuDNN (:func:`~tutorial_utils.gpu.pip_cudnn_home`): TE takes a system cuDNN
+    before pip's, and an H200 image's 9.14.0 made TE disable every windowed kernel.
 
     Args:
         env: the environment to extend (``os.environ`` when ``None``; not modified).
         sites: the site-packages folders to search (this Python's when ``None``).
     """
     env = dict(os.environ if env is None else env)
+    if not env.get("CUDNN_HOME") and (home := pip_cudnn_home(sites)):
+        env["CUDNN_HOME"] = str(home)  # TE would take a system cuDNN first (pip_cudnn_home)
     nccl = nccl_library(sites)
     first = [str(nccl.parent)] if nccl is not None else []
     there = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
