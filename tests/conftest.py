@@ -26,8 +26,9 @@ os.environ.setdefault("TUTORIAL_RUN_GC_THRESHOLDS", "20000 20 20")
 os.environ.setdefault("TUTORIAL_TE_BACKEND", "reference")
 
 # per-test wall and JAX-compile times, written to _build_test/test-times-pyX.Y.json
-# (tests/time_table.py)
-pytest_plugins = ["time_table"]
+# (tests/time_table.py); a worker crash fails its test without hanging the run
+# (tests/xdist_crash.py)
+pytest_plugins = ["time_table", "xdist_crash"]
 
 # One XLA compilation cache for the whole run, shared by both workers, the site build's notebook
 # kernels and every subprocess that imports JAX (devtools/compile_cache.py says why its
