@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 try:
     from xdist.scheduler.loadscope import LoadScopeScheduling
 except ImportError:  # no xdist: nothing to fix
@@ -86,6 +88,7 @@ def pytest_configure(config):
         LoadScopeScheduling._reschedule = _reschedule
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_handlecrashitem(crashitem, report, sched):
     """A first crash is reported as a rerun; the test's next run gives its verdict."""
     if CRASHES[crashitem] == 1:

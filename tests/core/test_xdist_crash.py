@@ -82,3 +82,16 @@ def test_a_crashing_test_in_a_real_two_worker_run(tmp_path, body, rc, counts, su
     assert run.returncode == rc, run.stdout[-2000:]
     assert counts in run.stdout, run.stdout[-2000:]
     assert f"test_f3.py::test_crash: {summary}" in run.stdout, run.stdout[-2000:]
+
+
+def test_the_plugin_loads_without_xdist(tmp_path):
+    (tmp_path / "test_one.py").write_text("def test_x():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "xdist_crash"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(TESTS), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-2000:]
