@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tutorial_utils.cli import bench
 from tutorial_utils.cli.attention_compare import reference_fwd_bwd, tolerance
 from tutorial_utils.cli.bench_subproblems import ragged_visibility as B_vis
-from tutorial_utils.cli.check_cp import _ragged_calls
+from tutorial_utils.cli.check_cp import _ragged_calls, ragged_fwd_bwd
 from tutorial_utils.inputs import fixed_slot_segments, random_qkv
 from tutorial_utils.te import attention
-from tutorial_utils.te.fused_call import call_fused_attn
 
 
 def main() -> int:
@@ -31,32 +29,7 @@ def main() -> int:
     ids, pos = fixed_slot_segments(b, s, 4, 96)
     q, k, v, dout = random_qkv(5, b, s, hq, hkv, d, jnp.bfloat16)
     tol = tolerance(jnp.bfloat16)
-
-    def loss(qkv, descs, do, meta):
-        outs = []
-        for desc, (bottom_right, win, max_segments) in zip(descs, meta):
-            mask = (
-                attention.AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK
-                if bottom_right
-                else attention.AttnMaskType.PADDING_CAUSAL_MASK
-            )
-            outs.append(
-                call_fused_attn(
-                    attention,
-                    qkv,
-                    desc,
-                    scaling_factor=d**-0.5,
-                    max_segments_per_seq=max_segments,
-                    window_size=win,
-                    attn_mask_type=mask,
-                )
-            )
-        out = sum(o.astype(jnp.float32) for o in outs)
-        return jnp.vdot(out, do.astype(jnp.float32)), out
-
-    fwd_bwd = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=(3,))
     ids_j, pos_j = jnp.asarray(ids), jnp.asarray(pos)
-    rows = []
     for strategy in ("allgather", "ring"):
         stripe = 4 if strategy == "allgather" else 1
         for sub in bench.rank_subproblems(strategy, s, cp, stripe):
@@ -77,50 +50,39 @@ def main() -> int:
                 scale=d**-0.5,
                 window=window,
             )
-            cover = np.zeros((b, len(sub.kv_index)), np.int32)
+            cover = np.zeros((b, len(sub.kv_index)), np.int32)  # runs holding each key row
             for c in calls:
                 for row in range(b):
-                    for n in range(c.kv_seqlens.shape[1]):
-                        if c.kv_seqlens[row, n] > 0:
-                            o = c.kv_offsets[row, n]
-                            cover[row, o : o + c.kv_seqlens[row, n]] += 1
-            for variant, cs in (("as-is", calls),):  # one layout: bench's calls
-                descs = tuple(bench.te_descriptor(attention, c) for c in cs)
-                meta = tuple((c.bottom_right, c.window, c.max_segments) for c in cs)
-                (_, out), grads = fwd_bwd((qq, kk, vv), descs, do, meta)
-                row = {
-                    "strategy": strategy,
-                    "rank": sub.rank,
-                    "step": getattr(sub, "step", None),
-                    "variant": variant,
-                    "calls": len(cs),
-                    "max_runs": max(c.max_segments for c in cs),
-                    "max_cover": int(cover.max()),
-                }
-                for name, x, r in zip(
-                    ("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads)
-                ):
-                    err = np.abs(np.asarray(x, np.float32) - np.asarray(r, np.float32))
-                    row[name] = float(err.max() / tol)
-                    if name == "dv":
-                        vis = sum(
-                            B_vis(c, len(sub.q_index), len(sub.kv_index)) for c in cs
-                        )  # [b, q, k] queries seeing each key
-                        per = err.max(axis=(2, 3))
-                        bb, kk_ = np.unravel_index(per.argmax(), per.shape)
-                        refv = np.asarray(r, np.float32)[bb, kk_]
-                        row["dv_worst_key"] = [int(bb), int(kk_)]
-                        row["dv_worst_seen_by"] = int(vis[bb, :, kk_].sum())
-                        row["dv_worst_ref_absmax"] = float(np.abs(refv).max())
-                        row["dv_worst_err"] = float(per.max())
-                    if name in ("dk", "dv"):
-                        per_tok = err.max(axis=(2, 3))
-                        for lab, m in (("c0", cover == 0), ("c1", cover == 1), ("c2+", cover >= 2)):
-                            row[f"{name}_{lab}"] = (
-                                float(per_tok[m].max() / tol) if m.any() else None
-                            )
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                    for n, o in zip(c.kv_seqlens[row], c.kv_offsets[row]):
+                        cover[row, o : o + n] += n > 0
+            descs = tuple(bench.te_descriptor(attention, c) for c in calls)
+            meta = tuple((c.bottom_right, c.window, c.max_segments) for c in calls)
+            (_, out), grads = ragged_fwd_bwd((qq, kk, vv), descs, do, meta, d**-0.5)
+            row = {
+                "strategy": strategy,
+                "rank": sub.rank,
+                "step": getattr(sub, "step", None),
+                "variant": "as-is",
+                "calls": len(calls),
+                "max_runs": max(c.max_segments for c in calls),
+                "max_cover": int(cover.max()),
+            }
+            for name, x, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads)):
+                err = np.abs(np.asarray(x, np.float32) - np.asarray(r, np.float32))
+                row[name] = float(err.max() / tol)
+                if name not in ("dk", "dv"):
+                    continue
+                per_key = err.max(axis=(2, 3))  # [b, key]
+                if name == "dv":
+                    seen = sum(B_vis(c, len(sub.q_index), len(sub.kv_index)) for c in calls)
+                    bb, kk_ = np.unravel_index(per_key.argmax(), per_key.shape)
+                    row["dv_worst_key"] = [int(bb), int(kk_)]
+                    row["dv_worst_seen_by"] = int(seen[bb, :, kk_].sum())
+                    row["dv_worst_ref_absmax"] = float(np.abs(np.asarray(r)[bb, kk_]).max())
+                    row["dv_worst_err"] = float(per_key.max())
+                for lab, m in (("c0", cover == 0), ("c1", cover == 1), ("c2+", cover >= 2)):
+                    row[f"{name}_{lab}"] = float(per_key[m].max() / tol) if m.any() else None
+            print(json.dumps(row), flush=True)
     return 0
 
 

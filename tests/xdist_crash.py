@@ -24,7 +24,8 @@ try:
     from xdist.scheduler.loadscope import LoadScopeScheduling
 except ImportError:  # no xdist: nothing to fix
     LoadScopeScheduling = None
-#: xdist's own ``remove_node`` and ``_reschedule``, kept for the tests that show their faults
+#: xdist's own ``remove_node`` (kept for the test that shows its fault) and ``_reschedule``
+#: (which the fix calls first)
 XDIST_REMOVE_NODE = LoadScopeScheduling and LoadScopeScheduling.remove_node
 XDIST_RESCHEDULE = LoadScopeScheduling and LoadScopeScheduling._reschedule
 #: how many times each test has taken its worker down in this run (the controller's count)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "default_cudnn_home",
     "gpu_present",
     "jax_started",
     "nccl_library",
@@ -155,6 +156,17 @@ def pip_cudnn_home(sites: Sequence[str] | None = None) -> Path | None:
     return None
 
 
+def default_cudnn_home(env, sites: Sequence[str] | None = None) -> None:
+    """Point ``env["CUDNN_HOME"]`` at pip's cuDNN (:func:`pip_cudnn_home`) unless it is set.
+
+    Args:
+        env: The environment to change: ``os.environ``, or a child process's ``dict``.
+        sites: Directories to search, as :func:`nccl_library`.
+    """
+    if not env.get("CUDNN_HOME") and (home := pip_cudnn_home(sites)):
+        env["CUDNN_HOME"] = str(home)
+
+
 def preload_nccl(sites: Sequence[str] | None = None) -> str | None:
     """Load pip's ``libnccl.so.2`` into the process (``RTLD_GLOBAL``) before TE's libraries load.
 
@@ -189,18 +201,17 @@ def preload_te_libraries(sites: Sequence[str] | None = None) -> list[str]:
     the loader path when it has them (a system copy wins, as in TE's own order), else from
     pip's wheels.
 
+    Unless ``CUDNN_HOME`` is set, it is pointed at pip's cuDNN (:func:`default_cudnn_home`), so
+    that TE uses the cuDNN JAX uses rather than an older system copy.
+
     Args:
         sites: Directories to search, as :func:`nccl_library`.
-
-    Unless ``CUDNN_HOME`` is set, it is pointed at pip's cuDNN (:func:`pip_cudnn_home`), so
-    that TE uses the cuDNN JAX uses rather than an older system copy.
 
     Returns:
         The libraries loaded from pip, by path (empty when the loader path had them all or
         pip's CUDA wheels are not installed: TE's own loader then decides).
     """
-    if not os.environ.get("CUDNN_HOME") and (home := pip_cudnn_home(sites)):
-        os.environ["CUDNN_HOME"] = str(home)
+    default_cudnn_home(os.environ, sites)
     loaded = [lib] if (lib := preload_nccl(sites)) else []
     for stem in _TE_RUNTIME:
         candidates = sorted(

@@ -121,6 +121,36 @@ def te_cp_case(strategy: str, devices: Sequence) -> dict:
     return metrics
 
 
+def _ragged_loss(qkv, descs, do, meta, scale):
+    """``vdot(out, do)`` of ragged THD calls on ``qkv`` (``meta``: each call's
+    ``(bottom_right, window, max_segments)``), and ``out``, their sum: they cover disjoint
+    query rows."""
+    outs = []
+    for desc, (bottom_right, win, max_segments) in zip(descs, meta):
+        mask = (
+            attention.AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK
+            if bottom_right
+            else attention.AttnMaskType.PADDING_CAUSAL_MASK
+        )
+        outs.append(
+            call_fused_attn(
+                attention,
+                qkv,
+                desc,
+                scaling_factor=scale,
+                max_segments_per_seq=max_segments,
+                window_size=win,
+                attn_mask_type=mask,
+            )
+        )
+    out = sum(o.astype(jnp.float32) for o in outs)
+    return jnp.vdot(out, do.astype(jnp.float32)), out
+
+
+#: ``((loss, out), (dq, dk, dv))`` of :func:`_ragged_loss`, ``meta`` and ``scale`` static
+ragged_fwd_bwd = jax.jit(jax.value_and_grad(_ragged_loss, has_aux=True), static_argnums=(3, 4))
+
+
 def te_emulated_case(strategies: Sequence[str]) -> dict:
     """The ragged sub-problems ``bench --emulate-ranks`` times, through ``fused_attn``.
 
@@ -139,30 +169,6 @@ def te_emulated_case(strategies: Sequence[str]) -> dict:
     q, k, v, dout = random_qkv(5, b, s, hq, hkv, d, jnp.bfloat16)
     tol = tolerance(jnp.bfloat16)
     metrics = {}
-
-    def loss(qkv, descs, do, meta):
-        outs = []
-        for desc, (bottom_right, win, max_segments) in zip(descs, meta):
-            mask = (
-                attention.AttnMaskType.PADDING_CAUSAL_BOTTOM_RIGHT_MASK
-                if bottom_right
-                else attention.AttnMaskType.PADDING_CAUSAL_MASK
-            )
-            outs.append(
-                call_fused_attn(
-                    attention,
-                    qkv,
-                    desc,
-                    scaling_factor=d**-0.5,
-                    max_segments_per_seq=max_segments,
-                    window_size=win,
-                    attn_mask_type=mask,
-                )
-            )
-        out = sum(o.astype(jnp.float32) for o in outs)  # the calls cover disjoint query rows
-        return jnp.vdot(out, do.astype(jnp.float32)), out
-
-    fwd_bwd = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=(3,))
     ids_j, pos_j = jnp.asarray(ids), jnp.asarray(pos)
     for strategy in strategies:
         stripe = 4 if strategy == "allgather" else 1
@@ -179,7 +185,7 @@ def te_emulated_case(strategies: Sequence[str]) -> dict:
             qq, kk, vv, do = q[:, qi], k[:, ki], v[:, ki], dout[:, qi]
             descs = tuple(bench.te_descriptor(attention, c) for c in calls)
             meta = tuple((c.bottom_right, c.window, c.max_segments) for c in calls)
-            (_, out), grads = fwd_bwd((qq, kk, vv), descs, do, meta)
+            (_, out), grads = ragged_fwd_bwd((qq, kk, vv), descs, do, meta, d**-0.5)
             ref_out, ref_grads = reference_fwd_bwd(
                 qq,
                 kk,

@@ -14,6 +14,7 @@ plugins are installed, imports JAX inside a function for that reason.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import importlib.util
 import os
@@ -27,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 
 from tutorial_utils.cli.gpu_bundle import MIN_CUDNN, TE_VERSION
-from tutorial_utils.gpu import _nvidia_dirs, _site_dirs, nccl_library, pip_cudnn_home
+from tutorial_utils.gpu import _nvidia_dirs, _site_dirs, default_cudnn_home, nccl_library
 
 __all__ = [
     "jax_cuda_majors",
@@ -227,6 +228,18 @@ def te_library(
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def _ldconfig_listing() -> str:
+    """``ldconfig -p``'s output, read once per process ("" where it cannot run)."""
+    tool = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        return subprocess.run(
+            [tool, "-p"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def ldconfig_library(name: str, listing: str | None = None) -> Path | None:
     """``lib<name>.so`` (unversioned, as TE asks for it) in the loader's cache, or ``None``.
 
@@ -234,15 +247,7 @@ def ldconfig_library(name: str, listing: str | None = None) -> Path | None:
         name: the library's name without ``lib`` and ``.so``.
         listing: ``ldconfig -p``'s output (run when ``None``).
     """
-    if listing is None:
-        tool = shutil.which("ldconfig") or "/sbin/ldconfig"
-        try:
-            listing = subprocess.run(
-                [tool, "-p"], capture_output=True, text=True, timeout=10, check=False
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-    for line in listing.splitlines():
+    for line in (_ldconfig_listing() if listing is None else listing).splitlines():
         soname, _, path = line.strip().partition(" => ")
         if soname.split(" ")[0] == f"lib{name}.so" and path:
             return Path(path.strip())
@@ -396,7 +401,7 @@ def library_env(
     NVRTC (``CUDA_HOME``, ``/usr/local/cuda``) it does not, and the core library then fails
     with ``libcublas.so.13: cannot open shared object file``. The folders already on the path
     stay first, so a system copy still wins, as in TE's own order. ``CUDNN_HOME``, unless set,
-    names pip's cuDNN (:func:`~tutorial_utils.gpu.pip_cudnn_home`): TE takes a system cuDNN
+    names pip's cuDNN (:func:`~tutorial_utils.gpu.default_cudnn_home`): TE takes a system cuDNN
     before pip's, and an H200 image's 9.14.0 made TE disable every windowed kernel.
 
     Args:
@@ -404,8 +409,7 @@ def library_env(
         sites: the site-packages folders to search (this Python's when ``None``).
     """
     env = dict(os.environ if env is None else env)
-    if not env.get("CUDNN_HOME") and (home := pip_cudnn_home(sites)):
-        env["CUDNN_HOME"] = str(home)  # TE would take a system cuDNN first (pip_cudnn_home)
+    default_cudnn_home(env, sites)
     nccl = nccl_library(sites)
     first = [str(nccl.parent)] if nccl is not None else []
     there = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
