@@ -1,7 +1,9 @@
 """The project's own run settings, applied to every Python process of a test run or site build.
 
 * the run's XLA flags (:func:`compile_cache.add_run_flags`), at once, before JAX can start;
-* the shared compilation cache (:func:`compile_cache.enable`) and the collector's settings
+* the shared compilation cache (:func:`compile_cache.enable`), the fusion emitters for TE's
+  AllGather programs (:func:`xla_flags.emitters_for_te_allgather`;
+  ``TUTORIAL_TE_ALLGATHER_EMITTERS=0`` leaves them off) and the collector's settings
   (:func:`run_gc.tune_from_env`), right after ``jax`` is first imported, before anything compiles.
 
 Loaded by ``sitecustomize.py`` next to this file; ``tutorial_utils`` knows nothing of it.
@@ -9,6 +11,7 @@ Loaded by ``sitecustomize.py`` next to this file; ``tutorial_utils`` knows nothi
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 TRIGGER = "jax"
@@ -17,7 +20,10 @@ TRIGGER = "jax"
 def _after_jax(module) -> None:
     import compile_cache
     import run_gc
+    import xla_flags
 
+    if os.environ.get("TUTORIAL_TE_ALLGATHER_EMITTERS", "1") != "0":
+        xla_flags.emitters_for_te_allgather()
     compile_cache.enable_from_env()
     run_gc.tune_from_env()
 
