@@ -22,9 +22,9 @@ def _after_jax(module) -> None:
     import run_gc
     import xla_flags
 
+    compile_cache.enable_from_env()  # first: it adds the run's flags the hook below reads
     if os.environ.get("TUTORIAL_TE_ALLGATHER_EMITTERS", "1") != "0":
         xla_flags.emitters_for_te_allgather()
-    compile_cache.enable_from_env()
     run_gc.tune_from_env()
 
 
