@@ -202,11 +202,29 @@ def _custom_calls(operation):
     return calls
 
 
+def partitioned_ops(operation, calls=None) -> list:
+    """``(op, info)`` for every ``custom_partitioning`` op in ``operation`` (TE's ops): ``info``
+    is what JAX registered for its partition callbacks, ``None`` if JAX no longer holds it.
+
+    Args:
+        operation: an MLIR operation, a module's ``.operation``.
+        calls: :func:`_custom_calls` of ``operation``, when the caller has them already.
+    """
+    from jax._src import custom_partitioning
+    from jax._src.lib.mlir import ir
+
+    return [
+        (op, custom_partitioning._sharding_callbacks.get(pointer.encode()))
+        for op, target in (_custom_calls(operation) if calls is None else calls)
+        if target == _PARTITIONED
+        for pointer in [ir.StringAttr(op.attributes["backend_config"]).value]
+    ]
+
+
 def _keyable(computation):
     """The module to hash: partition pointers replaced by fingerprints; None if it must not be
     cached."""
     from jax._src import config as jax_config
-    from jax._src import custom_partitioning
     from jax._src.lib.mlir import ir
 
     if jax_config.remove_custom_partitioning_ptr_from_cache_key.value:
@@ -214,15 +232,13 @@ def _keyable(computation):
     calls = _custom_calls(computation.operation)
     if any(target.endswith("callback") for _, target in calls):
         return None
-    partitioned = [op for op, target in calls if target == _PARTITIONED]
+    partitioned = partitioned_ops(computation.operation, calls)
     if not partitioned:
         return computation
     global_state = _global_state()  # the same for every op of this module
     fingerprints = []
     try:
-        for op in partitioned:
-            pointer = ir.StringAttr(op.attributes["backend_config"]).value
-            info = custom_partitioning._sharding_callbacks.get(pointer.encode())
+        for _, info in partitioned:
             if info is None:
                 return None
             fingerprints.append(_fingerprint(info, global_state))

@@ -58,17 +58,12 @@ def fast_compile_flags() -> str:
 def _partitioned_by(computation) -> list[str]:
     """The qualified names of the partition callbacks of ``computation``'s TE ops."""
     import compile_cache
-    from jax._src import custom_partitioning
-    from jax._src.lib.mlir import ir
 
     names = []
-    for op, target in compile_cache._custom_calls(computation.operation):
-        if target == compile_cache._PARTITIONED:
-            pointer = ir.StringAttr(op.attributes["backend_config"]).value.encode()
-            info = custom_partitioning._sharding_callbacks.get(pointer)
-            partition = getattr(info, "partition", None)
-            partition = getattr(partition, "func", partition)  # a functools.partial
-            names.append(getattr(partition, "__qualname__", ""))
+    for _, info in compile_cache.partitioned_ops(computation.operation):
+        partition = getattr(info, "partition", None)
+        partition = getattr(partition, "func", partition)  # a functools.partial
+        names.append(getattr(partition, "__qualname__", ""))
     return names
 
 
