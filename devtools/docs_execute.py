@@ -32,15 +32,18 @@ judges them as a ratio to a calibration workload timed in the same run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import re
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import page_stats
+from traitlets.config import Config
 
 # The largest page's kernel peaks near 1.9 GiB (chapter 3's oracle check; page_stats).
 GIB_PER_PAGE = 2.5
@@ -104,21 +107,40 @@ def jobs() -> int:
     return int(max(1, min((cpus or 1) + 1, by_memory)))
 
 
+@contextlib.contextmanager
+def ipc_kernel():
+    """A kernel manager's config that puts the kernel's channels on Unix sockets in a fresh
+    folder, removed afterwards.
+
+    Why: on TCP, jupyter_client picks five free ports and releases them for the kernel to bind;
+    with pages side by side (their kernels, their ranks' coordinators, their connections)
+    another process took one first ("ZMQError: Address already in use") and the kernel died.
+    The folder is absolute and the kernel's own, since a kernel runs in its page's folder and
+    picks socket names by what exists there.
+
+    Yields:
+        A traitlets ``Config`` for ``nbclient.NotebookClient(config=...)``.
+    """
+    with tempfile.TemporaryDirectory(prefix="cp-kernel-") as folder:
+        yield Config(KernelManager={"transport": "ipc", "ip": os.path.join(folder, "k")})
+
+
 def _stats_file(build_dir: Path, docname: str) -> Path:
     return build_dir / STATS_DIR / (docname.replace("/", "__") + ".jsonl")
 
 
 def _execute(path: str, cwd: str, timeout, nb_json: str, stats: str) -> dict:
     """In a worker process: execute one notebook as myst-nb would (its kernel records itself
-    in ``stats``)."""
+    in ``stats``; its channels on Unix sockets, :func:`ipc_kernel`)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
     os.environ[page_stats.ENV] = stats
     nb = nbformat.reads(nb_json, as_version=4)
-    result = single_nb_execution(
-        nb, cwd=cwd, allow_errors=False, timeout=timeout, meta_override=True
-    )
+    with ipc_kernel() as config:
+        result = single_nb_execution(
+            nb, cwd=cwd, allow_errors=False, timeout=timeout, meta_override=True, config=config
+        )
     error = None if result.err is None else f"{type(result.err).__name__}: {result.err}"
     return {"nb": nbformat.writes(nb), "seconds": result.time, "error": error}
 

@@ -100,3 +100,18 @@ def test_page_stats_sum_a_pages_processes(tmp_path):
         "cache_hits": 1,
         "peak_rss_mib": 900,
     }
+
+
+def test_a_page_kernel_talks_over_unix_sockets(tmp_path):
+    """Kernels side by side on TCP lost ports their manager had picked to other processes
+    ("Address already in use": the kernel died and the build stopped); on IPC they have none."""
+    import nbformat
+
+    cell = "from ipykernel.kernelapp import IPKernelApp\nprint(IPKernelApp.instance().transport)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    stats = tmp_path / "stats.jsonl"
+    out = docs_execute._execute(str(tmp_path), str(tmp_path), 60, nbformat.writes(nb), str(stats))
+    assert out["error"] is None
+    ran = nbformat.reads(out["nb"], as_version=4)
+    assert ran.cells[0].outputs[0]["text"].strip() == "ipc"

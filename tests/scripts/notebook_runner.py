@@ -16,15 +16,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def main(devices: int, name: str) -> None:
     import jupytext
     import nbclient
+    from docs_execute import ipc_kernel  # devtools/, on the run's path
 
     source = ROOT / (f"{name}.md" if "/" in name else f"notebooks/{name}.md")
     nb = jupytext.read(source)
-    nbclient.NotebookClient(
-        nb,
-        timeout=900,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(source.parent)}},
-    ).execute()
+    with ipc_kernel() as config:
+        nbclient.NotebookClient(
+            nb,
+            timeout=900,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(source.parent)}},
+            config=config,
+        ).execute()
     texts = []
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
