@@ -116,11 +116,14 @@ def ipc_kernel():
     with pages side by side (their kernels, their ranks' coordinators, their connections)
     another process took one first ("ZMQError: Address already in use") and the kernel died.
     The folder is absolute and the kernel's own, since a kernel runs in its page's folder and
-    picks socket names by what exists there.
+    picks socket names by what exists there. Windows has no Unix sockets for ZeroMQ: TCP there.
 
     Yields:
         A traitlets ``Config`` for ``nbclient.NotebookClient(config=...)``.
     """
+    if os.name != "posix":
+        yield Config()
+        return
     with tempfile.TemporaryDirectory(prefix="cp-kernel-") as folder:
         yield Config(KernelManager={"transport": "ipc", "ip": os.path.join(folder, "k")})
 
