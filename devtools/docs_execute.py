@@ -317,6 +317,20 @@ def summarize(rows: list, budget_programs: int = BUDGET_PROGRAMS) -> dict:
     }
 
 
+def largest_compiles(rows: list, n: int = 10) -> list:
+    """The ``n`` longest compiles of the build: where a cheaper build has to start.
+
+    Args:
+        rows: The page rows, each with :mod:`page_stats`' ``large_compiles``.
+        n: How many.
+
+    Returns:
+        ``(seconds, program, page)`` tuples, longest first.
+    """
+    every = [(s, name, r["page"]) for r in rows for name, s in r.get("large_compiles", [])]
+    return sorted(every, key=lambda c: -c[0])[:n]
+
+
 def report(app, exception) -> None:
     """Sphinx ``build-finished``: print each executed page's time, CPU, compiles and peak memory,
     and write them to ``_build/page-times.json``."""
@@ -362,6 +376,11 @@ def report(app, exception) -> None:
         f"  {report_['total_seconds']:6.1f} s in all, {report_['jobs']} pages at a time;"
         f" the largest process peaked at {report_['peak_rss_mib']} MiB"
     )
+    largest = largest_compiles(report_["pages"])
+    if largest:
+        print(f"the {len(largest)} longest compiles (s, program, page):")
+        for seconds, program, page in largest:
+            print(f"  {seconds:6.1f}  {program}  {page}")
     if clean:
         verdict = "within" if report_["within_budget"] else "OVER"
         print(

@@ -89,17 +89,49 @@ def test_page_stats_sum_a_pages_processes(tmp_path):
     stats = tmp_path / "page.jsonl"
     lines = [
         {"cpu_s": 1.5, "peak_rss_mib": 300, "compiles": 3, "compile_s": 0.5, "cache_hits": 1},
-        {"cpu_s": 2.0, "peak_rss_mib": 900, "compiles": 4, "compile_s": 1.0, "cache_hits": 0},
+        {
+            "cpu_s": 2.0,
+            "peak_rss_mib": 900,
+            "compiles": 4,
+            "compile_s": 3.5,
+            "cache_hits": 0,
+            "argv": ["examples/thd_ring.py"],  # a script the page ran, not its kernel
+            "large_compiles": [["jit_loss", 1.2], ["jit_train_step", 2.3]],
+        },
     ]
     stats.write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert page_stats.summarize(stats) == {
         "processes": 2,
         "cpu_s": 3.5,
         "compiles": 7,
-        "compile_s": 1.5,
+        "compile_s": 4.0,
         "cache_hits": 1,
         "peak_rss_mib": 900,
+        "large_compiles": [
+            ["jit_train_step in examples/thd_ring.py", 2.3],
+            ["jit_loss in examples/thd_ring.py", 1.2],
+        ],
     }
+
+
+def test_a_process_names_its_long_compiles_and_the_build_lists_the_longest(monkeypatch):
+    """JAX's compile event carries the program's name: a compile of at least LARGE_COMPILE_S is
+    kept by name, a shorter one only counted; the report lists the build's longest first."""
+    monkeypatch.setattr(page_stats, "_compiles", {"n": 0, "s": 0.0, "hits": 0, "large": []})
+    page_stats._on_duration(page_stats.COMPILE_EVENT, 2.5, fun_name="jit_train_step")
+    page_stats._on_duration(page_stats.COMPILE_EVENT, 0.2, fun_name="jit_add")
+    page_stats._on_duration("/jax/other", 9.0, fun_name="jit_not_a_compile")
+    assert page_stats._compiles["n"] == 2
+    assert page_stats._compiles["large"] == [["jit_train_step", 2.5]]
+    rows = [
+        {"page": "a", "large_compiles": [["jit_step", 4.0], ["jit_loss", 1.5]]},
+        {"page": "b", "large_compiles": [["jit_train_step", 8.0]]},
+        {"page": "c"},
+    ]
+    assert docs_execute.largest_compiles(rows, n=2) == [
+        (8.0, "jit_train_step", "b"),
+        (4.0, "jit_step", "a"),
+    ]
 
 
 def test_a_page_kernel_talks_over_unix_sockets(tmp_path):
