@@ -29,6 +29,8 @@ import os
 import re
 from importlib.metadata import PackageNotFoundError, version
 
+import compile_cache  # devtools/, standard library only at import: JAX still not imported
+
 OPT_LEVEL_0 = "--xla_backend_optimization_level=0"
 NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
@@ -57,8 +59,6 @@ def fast_compile_flags() -> str:
 
 def _partitioned_by(computation) -> list[str]:
     """The qualified names of the partition callbacks of ``computation``'s TE ops."""
-    import compile_cache
-
     names = []
     for _, info in compile_cache.partitioned_ops(computation.operation):
         partition = getattr(info, "partition", None)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +51,6 @@ def _spy(recipe: str, tmp_path) -> dict:
 
 
 def test_only_te_s_allgather_cp_program_compiles_with_the_emitters(tmp_path):
-    import xla_flags
-
     gather, ring = _spy("thd_allgather_striped.py", tmp_path), _spy("thd_ring.py", tmp_path)
     if not gather["installed"]:
         assert xla_flags.NO_FUSION_EMITTERS not in xla_flags.fast_compile_flags()
