@@ -326,7 +326,12 @@ def largest_compiles(rows: list, n: int = 10) -> list:
 
     Returns:
         ``(seconds, program, page)`` tuples, longest first.
+
+    Raises:
+        ValueError: If ``n`` is not a positive int.
     """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r} must be a positive int: how many compiles to list.")
     every = [(s, name, r["page"]) for r in rows for name, s in r.get("large_compiles", [])]
     return sorted(every, key=lambda c: -c[0])[:n]
 

@@ -132,6 +132,9 @@ def test_a_process_names_its_long_compiles_and_the_build_lists_the_longest(monke
         (8.0, "jit_train_step", "b"),
         (4.0, "jit_step", "a"),
     ]
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"n={bad!r} must be a positive int"):
+            docs_execute.largest_compiles(rows, n=bad)
 
 
 def test_a_page_kernel_talks_over_unix_sockets(tmp_path):
